@@ -1,0 +1,22 @@
+//! Key sets shared by the integration tests: deterministic, shaped like real keys.
+
+#![allow(dead_code)]
+
+/// `user:{u}:item:{i}` keys, numbered `first..first + count` (13–30 bytes).
+pub(crate) fn keys(first: u64, count: u64) -> Vec<String> {
+    (first..first + count)
+        .map(|n| format!("user:{}:item:{}", n / 97, n * 7919 % 1_000_003))
+        .collect()
+}
+
+/// Keys from a namespace no call to [`keys`] produces.
+pub(crate) fn absent_keys(first: u64, count: u64) -> Vec<String> {
+    (first..first + count)
+        .map(|n| format!("absent:{}:item:{}", n / 97, n))
+        .collect()
+}
+
+/// Upper limit of a measured rate `p` over `trials` with three standard deviations of noise.
+pub(crate) fn three_sigma_limit(p: f64, trials: usize) -> f64 {
+    p + 3.0 * (p * (1.0 - p) / trials as f64).sqrt()
+}

@@ -1,1 +1,2 @@
+//! Filter benchmarks (in progress).
 fn main() {}

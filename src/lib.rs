@@ -7,4 +7,4 @@ mod stats;
 mod sync;
 
 pub use error::{ConfigError, DecodeError, IncompatibleFilters};
-pub use filter::{AtomicBloom, FilterBuilder, FilterStats, Plan, plan};
+pub use filter::{AtomicBloom, FORMAT_VERSION, FilterBuilder, FilterStats, Plan, plan};

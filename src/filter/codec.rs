@@ -90,7 +90,6 @@ impl AtomicBloom {
             emit(&buffer)?;
         }
         emit(&set_bits.to_le_bytes())?;
-        drop(emit);
         writer.write_all(&checksum.digest().to_le_bytes())
     }
 
@@ -103,14 +102,18 @@ impl AtomicBloom {
     /// impossible parameters, truncation, trailing bytes, a checksum or
     /// set-bit count that does not match.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let mut rest = bytes;
-        // The input's own length bounds the allocation: a forged header
-        // cannot make us reserve more than the bytes that could fill it.
-        let filter = decode(&mut rest, bytes.len() as u64)?;
-        if !rest.is_empty() {
-            return Err(DecodeError::TrailingBytes);
+        let header = bytes
+            .first_chunk::<HEADER_LEN>()
+            .ok_or(DecodeError::Truncated)?;
+        let payload = parse_header(header)?.blocks.saturating_mul(BLOCK_BYTES);
+        // Compare lengths before allocating: a forged block count must not make
+        // us reserve more than the input could ever fill.
+        let expected = payload.saturating_add((HEADER_LEN + TRAILER_LEN) as u64);
+        match (bytes.len() as u64).cmp(&expected) {
+            std::cmp::Ordering::Less => Err(DecodeError::Truncated),
+            std::cmp::Ordering::Greater => Err(DecodeError::TrailingBytes),
+            std::cmp::Ordering::Equal => decode(&mut &bytes[..], payload),
         }
-        Ok(filter)
     }
 
     /// Decodes one snapshot from `reader`, reading no further than its end,

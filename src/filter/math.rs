@@ -75,7 +75,7 @@ pub fn plan(expected_items: u64, false_positive_rate: f64) -> Result<Plan, Confi
         })
         .min()
         .expect("at least one k is tried");
-    let bits = blocks * BLOCK_BITS;
+    let bits = blocks.saturating_mul(BLOCK_BITS);
     Ok(Plan {
         expected_items,
         false_positive_rate,

@@ -24,29 +24,31 @@ pub(crate) fn block_index(hash: u64, num_blocks: u64) -> usize {
     ((u128::from(hash) * u128::from(num_blocks)) >> 64) as usize
 }
 
-/// The k probe bits of `hash`, as one mask per 64-bit word of the block.
+/// Calls `probe` with each of the k bit positions (0..512) of `hash` in its block.
 ///
 /// The hash goes through a strong bijective mixer (the SplitMix64 finalizer)
-/// and each probe is the next 9-bit slice of the result; after seven slices
+/// and each position is the next 9-bit slice of the result; after seven slices
 /// the word is mixed again. Slices of a well-mixed word are independent of each
 /// other and of the high bits that chose the block, so the measured FPR meets
 /// the model's; and two multiplications serve seven probes, where the
 /// golden-ratio sequence of RocksDB's FastLocalBloom spends one per probe.
-#[inline]
-pub(crate) fn probe_masks(hash: u64, k: u32) -> [u64; 8] {
-    let mut masks = [0u64; 8];
+#[inline(always)]
+pub(crate) fn for_each_probe(hash: u64, k: u32, mut probe: impl FnMut(u32)) {
+    let mut remaining = k;
     let mut word = mix(hash);
-    let mut slices = word;
-    for probe in 0..k {
-        if probe > 0 && probe % PROBES_PER_WORD == 0 {
-            word = mix(word.wrapping_add(GOLDEN_GAMMA));
-            slices = word;
+    loop {
+        let take = remaining.min(PROBES_PER_WORD);
+        let mut slices = word;
+        for _ in 0..take {
+            probe((slices & 511) as u32);
+            slices >>= 9;
         }
-        let bit = (slices & 511) as u32;
-        slices >>= 9;
-        masks[(bit >> 6) as usize] |= 1 << (bit & 63);
+        remaining -= take;
+        if remaining == 0 {
+            return;
+        }
+        word = mix(word.wrapping_add(GOLDEN_GAMMA));
     }
-    masks
 }
 
 /// SplitMix64's increment: steps the mixer to a fresh, unrelated word.
@@ -73,12 +75,18 @@ mod tests {
     }
 
     #[test]
-    fn masks_hold_at_most_k_bits() {
+    fn probes_are_k_positions_inside_the_block() {
         for hash in [0u64, 1, 0xdead_beef, u64::MAX] {
             for k in 1..=32 {
-                let bits: u32 = probe_masks(hash, k).iter().map(|m| m.count_ones()).sum();
-                assert!(bits >= 1 && bits <= k);
+                let mut positions = Vec::new();
+                for_each_probe(hash, k, |bit| positions.push(bit));
+                assert_eq!(positions.len(), k as usize);
+                assert!(positions.iter().all(|&bit| bit < 512));
             }
         }
+        // Pinned: the positions are part of the snapshot format.
+        let mut first = Vec::new();
+        for_each_probe(0x89c5_5a82_2227_cba8, 9, |bit| first.push(bit));
+        assert_eq!(first, [155, 422, 61, 489, 464, 336, 87, 435, 195]);
     }
 }

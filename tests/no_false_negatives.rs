@@ -22,6 +22,10 @@ proptest! {
         for key in &keys {
             prop_assert!(filter.contains(key));
         }
+        // The bulk path sets exactly the bits the single path does.
+        let bulk = AtomicBloom::with_seed(expected_items, fp_rate, seed).unwrap();
+        bulk.insert_many(&keys);
+        prop_assert_eq!(bulk.to_bytes(), filter.to_bytes());
         let mut found = vec![false; keys.len()];
         filter.contains_many(&keys, &mut found);
         prop_assert!(found.iter().all(|&f| f));

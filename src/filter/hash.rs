@@ -34,20 +34,19 @@ pub(crate) fn block_index(hash: u64, num_blocks: u64) -> usize {
 /// golden-ratio sequence of RocksDB's FastLocalBloom spends one per probe.
 #[inline(always)]
 pub(crate) fn for_each_probe(hash: u64, k: u32, mut probe: impl FnMut(u32)) {
-    let mut remaining = k;
     let mut word = mix(hash);
-    loop {
-        let take = remaining.min(PROBES_PER_WORD);
+    for _ in 0..k / PROBES_PER_WORD {
         let mut slices = word;
-        for _ in 0..take {
+        for _ in 0..PROBES_PER_WORD {
             probe((slices & 511) as u32);
             slices >>= 9;
         }
-        remaining -= take;
-        if remaining == 0 {
-            return;
-        }
         word = mix(word.wrapping_add(GOLDEN_GAMMA));
+    }
+    let mut slices = word;
+    for _ in 0..k % PROBES_PER_WORD {
+        probe((slices & 511) as u32);
+        slices >>= 9;
     }
 }
 

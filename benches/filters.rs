@@ -463,12 +463,7 @@ fn bench_threads<C: Contender>(
                     .map(|t| {
                         let barrier = &barrier;
                         s.spawn(move || {
-                            let keys = if t % 2 == 0 {
-                                &workload.present
-                            } else {
-                                &workload.absent
-                            };
-                            let span = keys.len() / threads;
+                            let span = workload.present.len().min(workload.absent.len()) / threads;
                             let mut next = t * span;
                             barrier.wait();
                             let start = Instant::now();

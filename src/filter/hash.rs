@@ -24,7 +24,8 @@ pub(crate) fn block_index(hash: u64, num_blocks: u64) -> usize {
     ((u128::from(hash) * u128::from(num_blocks)) >> 64) as usize
 }
 
-/// Calls `probe` with each of the k bit positions (0..512) of `hash` in its block.
+/// Visits the `K` bit positions (0..512) of `hash` in its block, stopping at
+/// the first for which `visit` answers `false`; returns whether none did.
 ///
 /// The hash goes through a strong bijective mixer (the SplitMix64 finalizer)
 /// and each position is the next 9-bit slice of the result; after seven slices
@@ -32,22 +33,22 @@ pub(crate) fn block_index(hash: u64, num_blocks: u64) -> usize {
 /// other and of the high bits that chose the block, so the measured FPR meets
 /// the model's; and two multiplications serve seven probes, where the
 /// golden-ratio sequence of RocksDB's FastLocalBloom spends one per probe.
+/// `K` is a constant so that the loop unrolls (see `kernel.rs`).
 #[inline(always)]
-pub(crate) fn for_each_probe(hash: u64, k: u32, mut probe: impl FnMut(u32)) {
+pub(crate) fn visit_probes<const K: u32>(hash: u64, mut visit: impl FnMut(u32) -> bool) -> bool {
     let mut word = mix(hash);
-    for _ in 0..k / PROBES_PER_WORD {
-        let mut slices = word;
-        for _ in 0..PROBES_PER_WORD {
-            probe((slices & 511) as u32);
-            slices >>= 9;
-        }
-        word = mix(word.wrapping_add(GOLDEN_GAMMA));
-    }
     let mut slices = word;
-    for _ in 0..k % PROBES_PER_WORD {
-        probe((slices & 511) as u32);
+    for probe in 0..K {
+        if probe > 0 && probe % PROBES_PER_WORD == 0 {
+            word = mix(word.wrapping_add(GOLDEN_GAMMA));
+            slices = word;
+        }
+        if !visit((slices & 511) as u32) {
+            return false;
+        }
         slices >>= 9;
     }
+    true
 }
 
 /// SplitMix64's increment: steps the mixer to a fresh, unrelated word.
@@ -76,16 +77,26 @@ mod tests {
     #[test]
     fn probes_are_k_positions_inside_the_block() {
         for hash in [0u64, 1, 0xdead_beef, u64::MAX] {
-            for k in 1..=32 {
-                let mut positions = Vec::new();
-                for_each_probe(hash, k, |bit| positions.push(bit));
-                assert_eq!(positions.len(), k as usize);
-                assert!(positions.iter().all(|&bit| bit < 512));
-            }
+            let mut positions = Vec::new();
+            assert!(visit_probes::<32>(hash, |bit| {
+                positions.push(bit);
+                true
+            }));
+            assert_eq!(positions.len(), 32);
+            assert!(positions.iter().all(|&bit| bit < 512));
+            let mut visited = 0;
+            assert!(!visit_probes::<32>(hash, |_| {
+                visited += 1;
+                visited < 3
+            }));
+            assert_eq!(visited, 3, "stops at the first refusal");
         }
         // Pinned: the positions are part of the snapshot format.
         let mut first = Vec::new();
-        for_each_probe(0x89c5_5a82_2227_cba8, 9, |bit| first.push(bit));
+        visit_probes::<9>(0x89c5_5a82_2227_cba8, |bit| {
+            first.push(bit);
+            true
+        });
         assert_eq!(first, [155, 422, 61, 489, 464, 336, 87, 435, 195]);
     }
 }

@@ -488,26 +488,26 @@ fn zeroed_blocks(count: usize) -> Box<[Block]> {
 
 #[inline]
 fn prefetch(block: &Block) {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
         // SAFETY: prefetching is only a hint; it never faults and reads nothing
         // into the program, and the pointer comes from a live reference anyway.
         unsafe { _mm_prefetch::<_MM_HINT_T0>((block as *const Block).cast()) };
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     let _ = block;
 }
 
 #[inline]
 fn prefetch_for_write(block: &Block) {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         use std::arch::x86_64::{_MM_HINT_ET0, _mm_prefetch};
         // SAFETY: as in `prefetch`; the write intent only decides the cache
         // line's coherence state, never its contents.
         unsafe { _mm_prefetch::<_MM_HINT_ET0>((block as *const Block).cast()) };
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     let _ = block;
 }

@@ -69,6 +69,18 @@ impl AtomicBloom {
     /// holds every key whose insert finished before the call began, and its
     /// set-bit count matches its payload exactly.
     ///
+    /// ```
+    /// use bloomguard::AtomicBloom;
+    ///
+    /// let filter = AtomicBloom::new(1_000, 0.01)?;
+    /// filter.insert("k");
+    /// let mut file = Vec::new(); // any `io::Write`: a file, a socket
+    /// filter.write_to(&mut file)?;
+    /// let restored = AtomicBloom::read_from(&file[..])?;
+    /// assert!(restored.contains("k"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
     /// Whatever `writer` returns.
     pub fn write_to(&self, mut writer: impl Write) -> std::io::Result<()> {

@@ -117,6 +117,12 @@ impl AtomicBloom {
     /// A filter of `bits` bits (rounded up to a whole 512-bit block) with `k`
     /// probes per key, and a random seed.
     ///
+    /// ```
+    /// let filter = bloomguard::AtomicBloom::with_params(1_000, 4)?;
+    /// assert_eq!((filter.bits(), filter.k()), (1_024, 4));
+    /// # Ok::<(), bloomguard::ConfigError>(())
+    /// ```
+    ///
     /// # Errors
     /// [`ConfigError`] if `bits` is 0, `k` is not in `1..=MAX_HASHES`, or the
     /// filter would exceed [`DEFAULT_MAX_BYTES`].
@@ -163,6 +169,14 @@ impl AtomicBloom {
     }
 
     /// [`insert`](Self::insert) for a key already hashed with [`hash`](Self::hash).
+    ///
+    /// ```
+    /// let filter = bloomguard::AtomicBloom::new(1_000, 0.01)?;
+    /// let hash = filter.hash(b"user:42:item:7"); // hash once, use twice
+    /// filter.insert_hashed(hash);
+    /// assert!(filter.contains_hashed(hash) && filter.contains(b"user:42:item:7"));
+    /// # Ok::<(), bloomguard::ConfigError>(())
+    /// ```
     #[inline]
     pub fn insert_hashed(&self, hash: u64) -> bool {
         // Ask for the line with intent to write: a plain read would fetch it
@@ -276,6 +290,18 @@ impl AtomicBloom {
     /// Adds every key of `other` to `self`, so that `self` answers "maybe" for
     /// anything either filter held. Safe to call while others insert and query.
     ///
+    /// ```
+    /// use bloomguard::AtomicBloom;
+    ///
+    /// // Filters built apart (two processes, two shards) agree on bits, k and seed.
+    /// let (east, west) = (AtomicBloom::with_seed(1_000, 0.01, 7)?, AtomicBloom::with_seed(1_000, 0.01, 7)?);
+    /// east.insert("a");
+    /// west.insert("b");
+    /// east.union(&west)?;
+    /// assert!(east.contains("a") && east.contains("b"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
     /// [`IncompatibleFilters`] unless both filters have the same bits, k and seed.
     pub fn union(&self, other: &AtomicBloom) -> Result<(), IncompatibleFilters> {
@@ -316,6 +342,20 @@ impl AtomicBloom {
     }
 
     /// Bits, probes, fill and what the fill implies.
+    ///
+    /// The set-bit count is exact (kept as inserts set bits), so reading the
+    /// statistics costs a sum over a few counter stripes, not a scan.
+    ///
+    /// ```
+    /// let filter = bloomguard::AtomicBloom::new(10_000, 0.01)?;
+    /// for i in 0..10_000 {
+    ///     filter.insert(format!("key:{i}"));
+    /// }
+    /// let stats = filter.stats();
+    /// assert!((stats.estimated_items - 10_000.0).abs() < 300.0);
+    /// assert!((stats.estimated_fpr - 0.01).abs() < 0.002);
+    /// # Ok::<(), bloomguard::ConfigError>(())
+    /// ```
     pub fn stats(&self) -> FilterStats {
         let bits = self.bits();
         let set_bits = self.set_bits.sum().min(bits);

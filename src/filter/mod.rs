@@ -182,7 +182,7 @@ impl AtomicBloom {
         // Ask for the line with intent to write: a plain read would fetch it
         // shared, and the first locked instruction would then wait a second
         // round trip to upgrade it (measured: ~25 % of an insert at 10 M keys).
-        prefetch_for_write(self.block_of(hash));
+        prefetch::<true>(self.block_of(hash));
         self.insert_prefetched(hash)
     }
 
@@ -202,7 +202,7 @@ impl AtomicBloom {
         for keys in keys.chunks(BATCH_LANES) {
             for (hash, key) in hashes.iter_mut().zip(keys) {
                 *hash = self.hash(key.as_ref());
-                prefetch_for_write(self.block_of(*hash));
+                prefetch::<true>(self.block_of(*hash));
             }
             for &hash in &hashes[..keys.len()] {
                 added += u64::from(self.insert_prefetched(hash));
@@ -215,10 +215,11 @@ impl AtomicBloom {
     fn insert_prefetched(&self, hash: u64) -> bool {
         // Most inserts into a warm filter find their bits set already: reading
         // first skips the locked instructions and leaves the line clean.
-        if self.contains_hashed(hash) {
+        let block = self.block_of(hash);
+        if (self.kernel.contains)(block, hash) {
             return false;
         }
-        let newly_set = (self.kernel.insert)(self.block_of(hash), hash);
+        let newly_set = (self.kernel.insert)(block, hash);
         if newly_set > 0 {
             self.set_bits.add(u64::from(newly_set));
         }
@@ -279,7 +280,7 @@ impl AtomicBloom {
         for (group, out) in out.chunks_mut(BATCH_LANES).enumerate() {
             for (lane, hash) in hashes[..out.len()].iter_mut().enumerate() {
                 *hash = hash_of(group * BATCH_LANES + lane);
-                prefetch(self.block_of(*hash));
+                prefetch::<false>(self.block_of(*hash));
             }
             for (found, &hash) in out.iter_mut().zip(&hashes) {
                 *found = self.contains_hashed(hash);
@@ -528,27 +529,24 @@ fn zeroed_blocks(count: usize) -> Box<[Block]> {
         .collect()
 }
 
+/// Starts loading `block` into the cache, with intent to write if `FOR_WRITE`
+/// (so that it arrives exclusive, ready for a locked instruction).
 #[inline]
-fn prefetch(block: &Block) {
+fn prefetch<const FOR_WRITE: bool>(block: &Block) {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        // SAFETY: prefetching is only a hint; it never faults and reads nothing
-        // into the program, and the pointer comes from a live reference anyway.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>((block as *const Block).cast()) };
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    let _ = block;
-}
-
-#[inline]
-fn prefetch_for_write(block: &Block) {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    {
-        use std::arch::x86_64::{_MM_HINT_ET0, _mm_prefetch};
-        // SAFETY: as in `prefetch`; the write intent only decides the cache
-        // line's coherence state, never its contents.
-        unsafe { _mm_prefetch::<_MM_HINT_ET0>((block as *const Block).cast()) };
+        use std::arch::x86_64::{_MM_HINT_ET0, _MM_HINT_T0, _mm_prefetch};
+        let address = (block as *const Block).cast();
+        // SAFETY: prefetching is only a hint: it never faults, reads nothing
+        // into the program and changes no memory; the pointer comes from a
+        // live reference anyway.
+        unsafe {
+            if FOR_WRITE {
+                _mm_prefetch::<_MM_HINT_ET0>(address);
+            } else {
+                _mm_prefetch::<_MM_HINT_T0>(address);
+            }
+        }
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     let _ = block;

@@ -197,17 +197,12 @@ impl AtomicBloom {
     /// # Ok::<(), bloomguard::ConfigError>(())
     /// ```
     pub fn insert_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> u64 {
-        let mut hashes = [0u64; BATCH_LANES];
         let mut added = 0;
-        for keys in keys.chunks(BATCH_LANES) {
-            for (hash, key) in hashes.iter_mut().zip(keys) {
-                *hash = self.hash(key.as_ref());
-                prefetch::<true>(self.block_of(*hash));
-            }
-            for &hash in &hashes[..keys.len()] {
-                added += u64::from(self.insert_prefetched(hash));
-            }
-        }
+        self.in_prefetched_groups::<true>(
+            keys.len(),
+            |i| self.hash(keys[i].as_ref()),
+            |_, hash| added += u64::from(self.insert_prefetched(hash)),
+        );
         added
     }
 
@@ -270,20 +265,33 @@ impl AtomicBloom {
         self.contains_batch(|i| hashes[i], out);
     }
 
-    /// Answers `out[i]` for the `i`-th hash, prefetching each group's blocks as
-    /// its hashes are made and testing them after. Prefetching as it goes
-    /// measured 35 % faster than hashing a whole group first: the first misses
-    /// start sooner.
-    #[inline]
     fn contains_batch(&self, hash_of: impl Fn(usize) -> u64, out: &mut [bool]) {
+        self.in_prefetched_groups::<false>(out.len(), hash_of, |i, hash| {
+            out[i] = self.contains_hashed(hash);
+        });
+    }
+
+    /// Calls `each(i, hash_of(i))` for `i` in `0..count`, a group of 16 at a
+    /// time: the group's hashes are made first, each block prefetched as its
+    /// hash is made, so that the group's cache misses overlap. Prefetching as
+    /// it goes measured 35 % faster than hashing a whole group first: the
+    /// first misses start sooner.
+    #[inline]
+    fn in_prefetched_groups<const FOR_WRITE: bool>(
+        &self,
+        count: usize,
+        hash_of: impl Fn(usize) -> u64,
+        mut each: impl FnMut(usize, u64),
+    ) {
         let mut hashes = [0u64; BATCH_LANES];
-        for (group, out) in out.chunks_mut(BATCH_LANES).enumerate() {
-            for (lane, hash) in hashes[..out.len()].iter_mut().enumerate() {
-                *hash = hash_of(group * BATCH_LANES + lane);
-                prefetch::<false>(self.block_of(*hash));
+        for start in (0..count).step_by(BATCH_LANES) {
+            let group = &mut hashes[..BATCH_LANES.min(count - start)];
+            for (lane, hash) in group.iter_mut().enumerate() {
+                *hash = hash_of(start + lane);
+                prefetch::<FOR_WRITE>(self.block_of(*hash));
             }
-            for (found, &hash) in out.iter_mut().zip(&hashes) {
-                *found = self.contains_hashed(hash);
+            for (lane, &hash) in group.iter().enumerate() {
+                each(start + lane, hash);
             }
         }
     }

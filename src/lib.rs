@@ -3,8 +3,17 @@
 
 pub mod error;
 pub mod filter;
+pub mod guard;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 mod stats;
 mod sync;
 
 pub use error::{ConfigError, DecodeError, IncompatibleFilters};
 pub use filter::{AtomicBloom, FORMAT_VERSION, FilterBuilder, FilterStats, Plan, plan};
+pub use guard::source::{self, KeySource, SourceError};
+pub use guard::{
+    Guard, GuardBuilder, GuardStats, Lifecycle, MaintenanceHandle, PendingWrite, Rebuild,
+    RebuildError, RebuildOutcome, RebuildReport, Verdict,
+};

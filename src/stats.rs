@@ -4,37 +4,59 @@ use std::sync::OnceLock;
 
 use crate::sync::{AtomicU64, Ordering};
 
-/// One counter slot on a cache line of its own. 128 bytes because x86-64
-/// prefetches cache lines in pairs, so 64-byte padding still shares traffic.
+/// The counters of one stripe, alone on their cache lines. 128 bytes because
+/// x86-64 prefetches cache lines in pairs, so 64-byte padding still shares traffic.
 #[repr(align(128))]
-#[derive(Default)]
-struct Padded(AtomicU64);
+struct Stripe<const N: usize>([AtomicU64; N]);
 
-/// A counter split into per-thread stripes, summed on read.
+/// `N` counters split into per-thread stripes, summed on read.
 ///
 /// `add` touches only the calling thread's stripe, so concurrent writers do not
-/// serialise on one cache line; `sum` is exact once writers are quiet and a
-/// consistent-enough snapshot while they are not.
-pub(crate) struct StripedCounter {
-    stripes: Box<[Padded]>,
+/// serialise on one cache line, and the `N` counters of a stripe share its
+/// lines, so bumping several of them costs one line. `sum` is exact once
+/// writers are quiet and a consistent-enough snapshot while they are not.
+pub(crate) struct StripedCounters<const N: usize> {
+    stripes: Box<[Stripe<N>]>,
 }
 
-impl StripedCounter {
+/// One striped counter.
+pub(crate) type StripedCounter = StripedCounters<1>;
+
+impl<const N: usize> StripedCounters<N> {
     pub(crate) fn new() -> Self {
-        let stripes = (0..stripe_count()).map(|_| Padded::default()).collect();
+        let stripes = (0..stripe_count())
+            .map(|_| Stripe(std::array::from_fn(|_| AtomicU64::new(0))))
+            .collect();
         Self { stripes }
     }
 
+    /// The stripe the calling thread writes to.
     #[inline]
-    pub(crate) fn add(&self, n: u64) {
-        let stripe = &self.stripes[thread_stripe() & (self.stripes.len() - 1)];
-        stripe.0.fetch_add(n, Ordering::Relaxed);
+    pub(crate) fn current_stripe(&self) -> usize {
+        thread_stripe() & (self.stripes.len() - 1)
     }
 
-    pub(crate) fn sum(&self) -> u64 {
+    /// Adds `n` to counter `counter` (wrapping) in the calling thread's stripe.
+    #[inline]
+    pub(crate) fn add(&self, counter: usize, n: u64) {
+        self.add_in_stripe(self.current_stripe(), counter, n, Ordering::Relaxed);
+    }
+
+    /// Adds `n` to counter `counter` in a given stripe, for callers that must
+    /// undo an addition in the stripe they made it in.
+    #[inline]
+    pub(crate) fn add_in_stripe(&self, stripe: usize, counter: usize, n: u64, order: Ordering) {
+        self.stripes[stripe].0[counter].fetch_add(n, order);
+    }
+
+    pub(crate) fn sum(&self, counter: usize) -> u64 {
+        self.sum_with(counter, Ordering::Relaxed)
+    }
+
+    pub(crate) fn sum_with(&self, counter: usize, order: Ordering) -> u64 {
         self.stripes
             .iter()
-            .map(|s| s.0.load(Ordering::Relaxed))
+            .map(|s| s.0[counter].load(order))
             .fold(0, u64::wrapping_add)
     }
 
@@ -42,19 +64,19 @@ impl StripedCounter {
         std::mem::size_of_val(&*self.stripes)
     }
 
-    /// Replaces the total with `value` (callers make sure no writer is active).
-    pub(crate) fn set(&self, value: u64) {
+    /// Replaces the total of `counter` with `value` (callers make sure no writer is active).
+    pub(crate) fn set(&self, counter: usize, value: u64) {
         for (i, stripe) in self.stripes.iter().enumerate() {
-            stripe
-                .0
-                .store(if i == 0 { value } else { 0 }, Ordering::Relaxed);
+            stripe.0[counter].store(if i == 0 { value } else { 0 }, Ordering::Relaxed);
         }
     }
 }
 
-impl std::fmt::Debug for StripedCounter {
+impl<const N: usize> std::fmt::Debug for StripedCounters<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("StripedCounter").field(&self.sum()).finish()
+        f.debug_list()
+            .entries((0..N).map(|counter| self.sum(counter)))
+            .finish()
     }
 }
 
@@ -94,13 +116,13 @@ mod tests {
             for _ in 0..8 {
                 s.spawn(|| {
                     for _ in 0..10_000 {
-                        counter.add(3);
+                        counter.add(0, 3);
                     }
                 });
             }
         });
-        assert_eq!(counter.sum(), 8 * 10_000 * 3);
-        counter.set(5);
-        assert_eq!(counter.sum(), 5);
+        assert_eq!(counter.sum(0), 8 * 10_000 * 3);
+        counter.set(0, 5);
+        assert_eq!(counter.sum(0), 5);
     }
 }

@@ -208,7 +208,7 @@ fn decode(reader: &mut impl Read, max_bytes: u64) -> Result<AtomicBloom, DecodeE
             "set-bit count does not match the payload",
         ));
     }
-    filter.set_bits.set(set_bits);
+    filter.set_bits.set(0, set_bits);
     Ok(filter)
 }
 

@@ -181,8 +181,15 @@ fn max_keys_per_block(k: u32, target: f64) -> f64 {
     low
 }
 
+/// The expected share of bits set with `keys_per_block` keys per block on
+/// average: `1 − exp(λ·((1 − 1/512)^k − 1))` over Poisson block loads.
+pub(crate) fn expected_fill(keys_per_block: f64, k: u32) -> f64 {
+    let untouched_by_one_key = (1.0 - 1.0 / BLOCK_BITS as f64).powi(k as i32);
+    1.0 - (keys_per_block * (untouched_by_one_key - 1.0)).exp()
+}
+
 /// The mean number of keys per block that leaves `fill_ratio` of the bits set,
-/// inverting the expected fill `1 − exp(λ·((1 − 1/512)^k − 1))`.
+/// the inverse of [`expected_fill`].
 pub(crate) fn keys_per_block_from_fill(fill_ratio: f64, k: u32) -> f64 {
     if fill_ratio <= 0.0 {
         return 0.0;

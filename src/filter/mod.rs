@@ -8,12 +8,14 @@ mod math;
 use std::fmt;
 
 pub use codec::FORMAT_VERSION;
+pub(crate) use math::check_rate;
 pub use math::{BLOCK_BITS, MAX_HASHES, Plan, plan};
 
 use crate::error::{ConfigError, IncompatibleFilters};
 use crate::stats::StripedCounter;
 use crate::sync::{AtomicU64, Ordering};
-use hash::{block_index, hash_key};
+use hash::block_index;
+pub(crate) use hash::hash_key;
 use kernel::Kernel;
 
 /// The memory budget a filter may take unless [`FilterBuilder::max_bytes`] says otherwise: 4 GiB.
@@ -216,7 +218,7 @@ impl AtomicBloom {
         }
         let newly_set = (self.kernel.insert)(block, hash);
         if newly_set > 0 {
-            self.set_bits.add(u64::from(newly_set));
+            self.set_bits.add(0, u64::from(newly_set));
         }
         newly_set > 0
     }
@@ -323,7 +325,7 @@ impl AtomicBloom {
                 newly_set += u64::from((bits & !before).count_ones());
             }
         }
-        self.set_bits.add(newly_set);
+        self.set_bits.add(0, newly_set);
         Ok(())
     }
 
@@ -347,7 +349,7 @@ impl AtomicBloom {
         for word in self.words() {
             word.store(0, Ordering::Relaxed);
         }
-        self.set_bits.set(0);
+        self.set_bits.set(0, 0);
     }
 
     /// Bits, probes, fill and what the fill implies.
@@ -367,7 +369,7 @@ impl AtomicBloom {
     /// ```
     pub fn stats(&self) -> FilterStats {
         let bits = self.bits();
-        let set_bits = self.set_bits.sum().min(bits);
+        let set_bits = self.set_bits.sum(0).min(bits);
         let fill_ratio = set_bits as f64 / bits as f64;
         let keys_per_block = math::keys_per_block_from_fill(fill_ratio, self.k);
         FilterStats {
@@ -386,6 +388,19 @@ impl AtomicBloom {
     /// Bits of storage (a multiple of 512).
     pub fn bits(&self) -> u64 {
         self.blocks.len() as u64 * BLOCK_BITS
+    }
+
+    /// Bits currently set: exact once writers are quiet, and cheap enough to
+    /// poll (a sum over a few per-thread stripes).
+    pub fn set_bits(&self) -> u64 {
+        self.set_bits.sum(0).min(self.bits())
+    }
+
+    /// The set-bit count at which the filter is expected to hold `items`
+    /// distinct keys: a fill level to compare [`set_bits`](Self::set_bits) with.
+    pub(crate) fn set_bits_expected_at(&self, items: u64) -> u64 {
+        let keys_per_block = items as f64 / self.blocks.len() as f64;
+        (math::expected_fill(keys_per_block, self.k) * self.bits() as f64) as u64
     }
 
     /// Hash probes per key.
@@ -419,7 +434,7 @@ impl fmt::Debug for AtomicBloom {
             .field("bits", &self.bits())
             .field("k", &self.k)
             .field("target", &self.target)
-            .field("set_bits", &self.set_bits.sum())
+            .field("set_bits", &self.set_bits.sum(0))
             .finish_non_exhaustive()
     }
 }
@@ -520,7 +535,7 @@ impl FilterBuilder {
 
 /// A seed outsiders cannot predict, from the standard library's per-process
 /// random keys mixed with a counter (so two filters in one process differ too).
-fn random_seed() -> u64 {
+pub(crate) fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     static FILTERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();

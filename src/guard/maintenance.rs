@@ -1,0 +1,282 @@
+//! The background task that applies a guard's policies.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::sync::{Notify, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::stats::{Counter, observed_rate};
+use super::{Guard, Inner, Lifecycle, RebuildError, Verdict, staleness::Verifier};
+
+/// Outcomes since the last rebuild before an observed drift counts: fewer
+/// would let sampling noise trigger rebuilds.
+const MIN_OBSERVED_OUTCOMES: u64 = 10_000;
+/// False positives since the last rebuild before an observed drift counts.
+const MIN_OBSERVED_FALSE_POSITIVES: u64 = 20;
+/// How long the staleness check waits for the store's answer.
+const VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The running maintenance task of a guard, from [`Guard::spawn_maintenance`].
+///
+/// Dropping the handle stops the task at its next step (a rebuild in
+/// progress is abandoned, and the live filters keep serving);
+/// [`shutdown`](Self::shutdown) also waits for it to end. The task holds no
+/// strong reference to the guard, so it also ends once every [`Guard`]
+/// clone is dropped.
+#[derive(Debug)]
+pub struct MaintenanceHandle {
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl MaintenanceHandle {
+    /// Stops the task and waits until it has ended.
+    pub async fn shutdown(mut self) {
+        self.stop.take();
+        if let Some(task) = self.task.take() {
+            // The task only ends by returning; a panic in it is the only
+            // error, and there is nothing left to stop then.
+            let _ = task.await;
+        }
+    }
+
+    /// Whether the task has ended.
+    pub fn is_finished(&self) -> bool {
+        self.task.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+}
+
+impl Drop for MaintenanceHandle {
+    fn drop(&mut self) {
+        // Dropping `stop` closes the channel; the task sees it at its next step.
+        self.stop.take();
+    }
+}
+
+impl Guard {
+    /// Starts the task that applies the guard's policies on the current
+    /// tokio runtime: the first build, scheduled and triggered rebuilds
+    /// (retried with exponential backoff after failures), rotation, the
+    /// staleness check, and (with the `metrics` feature) publishing metrics.
+    ///
+    /// Run one per guard: the staleness check's queue goes to the first task
+    /// started (and back to the guard when it ends).
+    ///
+    /// # Panics
+    /// Outside a tokio runtime, as [`tokio::spawn`] does.
+    pub fn spawn_maintenance(&self) -> MaintenanceHandle {
+        let (stop, stopped) = oneshot::channel();
+        let verifier = self
+            .inner
+            .verifier
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        let task = Task {
+            guard: Arc::downgrade(&self.inner),
+            wake: Arc::clone(&self.inner.wake),
+            interval: self.inner.maintenance_interval,
+            backoff: Backoff::new(self.inner.rebuild.retry_backoff),
+            retry_at: None,
+        };
+        MaintenanceHandle {
+            stop: Some(stop),
+            task: Some(tokio::spawn(task.run(stopped, verifier))),
+        }
+    }
+
+    /// Why a rebuild is due now, if it is.
+    fn rebuild_due(&self, now: Instant) -> Option<&'static str> {
+        self.inner.source.as_ref()?;
+        let policy = &self.inner.rebuild;
+        if self.is_warming() {
+            return Some("first build");
+        }
+        if self.inner.stale.load(Ordering::Relaxed) {
+            return Some("stale filter");
+        }
+        let (last_success_at, last_counted, baseline) = {
+            let history = self.history();
+            (
+                history.last_success_at,
+                history.last_counted,
+                history.baseline,
+            )
+        };
+        if let Some(every) = policy.every
+            && last_success_at.is_none_or(|at| now >= at + every)
+        {
+            return Some("schedule");
+        }
+        if let Some(fraction) = policy.removed_fraction {
+            let removed = self.inner.counters.sum(Counter::Removed as usize) - baseline.removed;
+            if removed as f64 > fraction * last_counted.unwrap_or(0).max(1) as f64 {
+                return Some("removed keys");
+            }
+        }
+        if let Some(threshold) = policy.drift_threshold {
+            let stats = self.stats();
+            if stats.estimated_drift > threshold {
+                return Some("estimated drift");
+            }
+            let false_positives = stats.false_positives - baseline.false_positives;
+            let absent = stats.checks.absent - baseline.absent;
+            if false_positives >= MIN_OBSERVED_FALSE_POSITIVES
+                && false_positives + absent >= MIN_OBSERVED_OUTCOMES
+                && observed_rate(false_positives, absent)
+                    .is_some_and(|rate| rate > threshold * self.inner.target_fpr)
+            {
+                return Some("observed drift");
+            }
+        }
+        None
+    }
+
+    /// When the newest generation of a rotating guard is due to retire.
+    fn next_rotation(&self) -> Option<Instant> {
+        let Lifecycle::Rotate { period, .. } = self.inner.lifecycle else {
+            return None;
+        };
+        Some(self.inner.live.load().newest()?.opened_at + period)
+    }
+
+    /// Asks the store about a key the guard answered `Absent` for.
+    async fn verify_absent(&self, verifier: &Verifier, key: Vec<u8>) {
+        let answer = tokio::time::timeout(VERIFY_TIMEOUT, verifier.exists(key.clone())).await;
+        match answer {
+            // Re-checked after the store answered: an insert that preceded
+            // the write the store just showed is in the filter by now.
+            Ok(Ok(true)) if self.peek(&key) == Verdict::Absent => {
+                self.inner.counters.add(Counter::StaleNegatives as usize, 1);
+                self.inner.stale.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    guard = %self.inner.name,
+                    key = %String::from_utf8_lossy(&key),
+                    "stale filter: the store holds a key the guard answered absent for \
+                     (written without Guard::insert?); rebuilding"
+                );
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::debug!(guard = %self.inner.name, %error, "staleness check failed");
+            }
+            Err(_) => tracing::debug!(guard = %self.inner.name, "staleness check timed out"),
+        }
+    }
+}
+
+struct Task {
+    guard: Weak<Inner>,
+    wake: Arc<Notify>,
+    interval: Duration,
+    backoff: Backoff,
+    retry_at: Option<Instant>,
+}
+
+impl Task {
+    async fn run(mut self, mut stopped: oneshot::Receiver<()>, mut verifier: Option<Verifier>) {
+        loop {
+            let Some(guard) = self.upgrade() else { break };
+            let now = Instant::now();
+            if guard.next_rotation().is_some_and(|at| now >= at)
+                && let Err(error) = guard.rotate()
+            {
+                tracing::warn!(guard = %guard.name(), %error, "cannot rotate");
+            }
+            if self.retry_at.is_none_or(|at| now >= at)
+                && let Some(reason) = guard.rebuild_due(now)
+            {
+                tracing::debug!(guard = %guard.name(), reason, "rebuilding");
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    result = guard.rebuild() => self.after_rebuild(result.map(|_| ())),
+                }
+            }
+            #[cfg(feature = "metrics")]
+            guard.publish_metrics();
+
+            let next_tick = Instant::now() + self.interval;
+            let wake_at = guard
+                .next_rotation()
+                .map_or(next_tick, |at| at.min(next_tick));
+            // Holding the guard while asleep would keep it alive forever.
+            drop(guard);
+            let woken = self.wake.notified();
+            let key_to_verify = tokio::select! {
+                _ = &mut stopped => break,
+                () = tokio::time::sleep_until(wake_at) => None,
+                () = woken => None,
+                Some(key) = recv(&mut verifier) => Some(key),
+            };
+            if let (Some(key), Some(check), Some(guard)) =
+                (key_to_verify, verifier.as_ref(), self.upgrade())
+            {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    () = guard.verify_absent(check, key) => {}
+                }
+            }
+        }
+        // Hand the staleness queue back, for a task started later.
+        if let (Some(guard), Some(verifier)) = (self.upgrade(), verifier) {
+            *guard
+                .inner
+                .verifier
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(verifier);
+        }
+    }
+
+    fn upgrade(&self) -> Option<Guard> {
+        self.guard.upgrade().map(|inner| Guard { inner })
+    }
+
+    fn after_rebuild(&mut self, result: Result<(), RebuildError>) {
+        match result {
+            Ok(()) => {
+                self.backoff.reset();
+                self.retry_at = None;
+            }
+            Err(_) => self.retry_at = Some(Instant::now() + self.backoff.next_wait()),
+        }
+    }
+}
+
+/// The next key to verify, or never when there is no staleness check.
+async fn recv(verifier: &mut Option<Verifier>) -> Option<Vec<u8>> {
+    match verifier {
+        Some(verifier) => verifier.keys.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits between failed rebuilds: doubles from `first` up to `max`.
+#[derive(Debug)]
+struct Backoff {
+    first: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    fn new((first, max): (Duration, Duration)) -> Self {
+        Self {
+            first,
+            max,
+            next: first,
+        }
+    }
+
+    fn next_wait(&mut self) -> Duration {
+        let wait = self.next;
+        self.next = (self.next * 2).min(self.max);
+        wait
+    }
+
+    fn reset(&mut self) {
+        self.next = self.first;
+    }
+}

@@ -1,0 +1,597 @@
+//! [`Guard`]: the live filters in front of a store, kept correct and useful
+//! while the data under them changes.
+//!
+//! A guard answers [`check`](Guard::check) from filters it holds behind an
+//! `ArcSwap`: one load, then the probes, no lock. Around that it runs the
+//! lifecycle of its [`Lifecycle`] and [`Rebuild`] policies — rebuild from a
+//! [`KeySource`], rotation of time windows, growth — and measures itself
+//! ([`GuardStats`]).
+//!
+//! # The ordering rule
+//! A guard never answers [`Verdict::Absent`] for a key that is in the store,
+//! provided every write reaches the guard **before** it becomes visible in
+//! the store: call [`insert`](Guard::insert) first, then write (or let
+//! [`insert_then_write`](Guard::insert_then_write) do both in that order).
+//! Writing first leaves a window in which a reader finds the key in the store
+//! but the guard says absent. Writes that bypass the guard altogether make it
+//! stale; the optional staleness check ([`GuardBuilder::staleness_check`])
+//! finds them and triggers a rebuild.
+//!
+//! ```
+//! use bloomguard::{Guard, Verdict};
+//!
+//! let guard = Guard::builder().name("items").expected_items(100_000).build()?;
+//! guard.insert("item:1"); // before the store write
+//! assert_eq!(guard.check("item:1"), Verdict::MaybePresent);
+//! match guard.check("item:2") {
+//!     Verdict::Absent => { /* answer "not found" without asking the store */ }
+//!     Verdict::MaybePresent | Verdict::Warming => { /* ask the store */ }
+//! }
+//! # Ok::<(), bloomguard::ConfigError>(())
+//! ```
+
+mod live;
+mod maintenance;
+mod policy;
+mod rebuild;
+pub mod source;
+mod staleness;
+mod stats;
+mod writes;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::Notify;
+
+use crate::error::ConfigError;
+use crate::filter::{
+    AtomicBloom, DEFAULT_MAX_BYTES, FilterBuilder, check_rate, hash_key, random_seed,
+};
+use crate::stats::StripedCounters;
+use live::{Generation, LiveSet};
+pub use maintenance::MaintenanceHandle;
+use policy::MAX_GROWN_FILTERS;
+pub use policy::{Lifecycle, Rebuild};
+pub use rebuild::{RebuildError, RebuildOutcome, RebuildReport};
+pub use source::{KeySource, SourceError};
+use staleness::{StalenessCheck, StalenessSampler, Verifier};
+use stats::{Counter, History};
+pub use stats::{GuardStats, RebuildCounts, VerdictCounts};
+pub use writes::PendingWrite;
+use writes::{HeldIn, WriteTracker};
+
+/// A guard's answer for a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[must_use]
+pub enum Verdict {
+    /// Certainly not in the store: the backend may be skipped.
+    Absent,
+    /// Maybe in the store: ask the backend (and report what it said with
+    /// [`Guard::record_outcome`]).
+    MaybePresent,
+    /// No filter has been built yet: ask the backend.
+    Warming,
+}
+
+impl Verdict {
+    /// Whether the backend may be skipped.
+    pub fn is_absent(self) -> bool {
+        self == Self::Absent
+    }
+}
+
+/// Live Bloom filters in front of a store; cheap to clone (an `Arc` inside),
+/// `Send + Sync`. See the [module docs](self) for the ordering rule.
+#[derive(Clone)]
+pub struct Guard {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: String,
+    expected_items: u64,
+    target_fpr: f64,
+    lifecycle: Lifecycle,
+    rebuild: Rebuild,
+    source: Option<Box<dyn KeySource>>,
+    seed: u64,
+    max_bytes: u64,
+    live: ArcSwap<LiveSet>,
+    /// Serialises every change of `live`; never held across an `.await`.
+    swap_lock: Mutex<()>,
+    /// One rebuild at a time.
+    rebuild_lock: tokio::sync::Mutex<()>,
+    writes: WriteTracker,
+    /// Filters of abandoned rebuilds whose pending writes the next rebuild waits for.
+    abandoned: Mutex<Vec<Arc<live::Shadow>>>,
+    counters: StripedCounters<{ Counter::COUNT }>,
+    history: Mutex<History>,
+    /// Set by the staleness check: the filter missed writes.
+    stale: AtomicBool,
+    /// Wakes the maintenance task early. Shared with the task, which must
+    /// not keep the guard alive.
+    wake: Arc<Notify>,
+    maintenance_interval: Duration,
+    staleness: Option<StalenessSampler>,
+    /// The verifying half of the staleness check, taken by the maintenance task.
+    verifier: Mutex<Option<Verifier>>,
+}
+
+impl Guard {
+    /// Starts a [`GuardBuilder`].
+    pub fn builder() -> GuardBuilder {
+        GuardBuilder::default()
+    }
+
+    /// Whether `key` may be in the store. One `ArcSwap` load plus the
+    /// filter probes; no lock, and no allocation unless the staleness check
+    /// samples this answer.
+    #[inline]
+    pub fn check(&self, key: impl AsRef<[u8]>) -> Verdict {
+        let key = key.as_ref();
+        let verdict = self.peek(key);
+        self.inner.counters.add(Counter::for_verdict(verdict), 1);
+        if verdict == Verdict::Absent
+            && let Some(sampler) = &self.inner.staleness
+        {
+            sampler.maybe_sample(key);
+        }
+        verdict
+    }
+
+    /// The verdict for `key`, neither counted nor sampled.
+    #[inline]
+    fn peek(&self, key: &[u8]) -> Verdict {
+        let live = self.inner.live.load();
+        match live.generations.as_slice() {
+            [] => Verdict::Warming,
+            [only] => present_if(only.filter.contains(key)),
+            generations => {
+                let hash = hash_key(key, self.inner.seed);
+                // The newest generation is the likeliest to hold a recent key.
+                present_if(
+                    generations
+                        .iter()
+                        .rev()
+                        .any(|g| g.filter.contains_hashed(hash)),
+                )
+            }
+        }
+    }
+
+    /// Records that `key` is about to be written to the store. Call it
+    /// **before** the write becomes visible (see the [module docs](self)):
+    /// once it returns, `check(key)` never answers `Absent`.
+    ///
+    /// The write must become visible within the rebuild policy's
+    /// [`write_settle`](Rebuild::write_settle) (250 ms by default) of this
+    /// call, or be covered by a [`PendingWrite`] ([`begin_write`](Self::begin_write)).
+    #[inline]
+    pub fn insert(&self, key: impl AsRef<[u8]>) {
+        let stripe = self.inner.writes.enter();
+        let live = self.inner.live.load();
+        self.insert_into(&live, key.as_ref());
+        drop(live);
+        self.inner.writes.exit(stripe);
+    }
+
+    /// [`insert`](Self::insert) for a write that may take a while: the
+    /// returned [`PendingWrite`] makes a rebuild wait for the write before it
+    /// reads the source. Drop it once the write is visible in the store.
+    pub fn begin_write(&self, key: impl AsRef<[u8]>) -> PendingWrite<'_> {
+        let stripe = self.inner.writes.enter();
+        let live = self.inner.live.load();
+        self.insert_into(&live, key.as_ref());
+        let held = match &live.shadow {
+            Some(shadow) => {
+                // The key is in the filter being built: that build does not
+                // need to wait, but if it is abandoned the next one must.
+                let shadow_stripe = shadow.writes.enter();
+                self.inner.writes.exit(stripe);
+                HeldIn::Shadow(Arc::clone(shadow), shadow_stripe)
+            }
+            None => HeldIn::Guard(&self.inner.writes, stripe),
+        };
+        PendingWrite { held }
+    }
+
+    /// Inserts `key`, then runs `write` (the store write), keeping the
+    /// ordering rule and covering the write against a concurrent rebuild.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use std::collections::HashSet;
+    /// use std::sync::Mutex;
+    ///
+    /// let guard = bloomguard::Guard::builder().expected_items(1_000).build()?;
+    /// let store = Mutex::new(HashSet::new());
+    /// guard.insert_then_write("item:7", async { store.lock().unwrap().insert("item:7") }).await;
+    /// assert!(!guard.check("item:7").is_absent());
+    /// # Ok::<(), bloomguard::ConfigError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn insert_then_write<T>(
+        &self,
+        key: impl AsRef<[u8]>,
+        write: impl Future<Output = T>,
+    ) -> T {
+        let _pending = self.begin_write(key);
+        write.await
+    }
+
+    #[inline]
+    fn insert_into(&self, live: &LiveSet, key: &[u8]) {
+        let hash = hash_key(key, self.inner.seed);
+        if let Some(newest) = live.newest() {
+            newest.filter.insert_hashed(hash);
+            if matches!(self.inner.lifecycle, Lifecycle::Grow { .. })
+                && newest.is_full_sampled(hash)
+            {
+                self.grow(newest);
+            }
+        }
+        if let Some(shadow) = &live.shadow {
+            shadow.generation.filter.insert_hashed(hash);
+        }
+        self.inner.counters.add(Counter::Inserts as usize, 1);
+    }
+
+    /// Reports what the backend answered for a key after `MaybePresent` (or
+    /// `Warming`): `found == false` after `MaybePresent` is a false positive.
+    pub fn record_outcome(&self, key: impl AsRef<[u8]>, found: bool) {
+        let _ = key;
+        let counter = if found {
+            Counter::Found
+        } else {
+            Counter::FalsePositives
+        };
+        self.inner.counters.add(counter as usize, 1);
+    }
+
+    /// Reports that the store deleted a key. A Bloom filter cannot forget:
+    /// the key stays "maybe" until the next rebuild, raising the real
+    /// false-positive rate without changing the fill. The guard counts these
+    /// and rebuilds once they pass [`Rebuild::when_removed_exceeds`].
+    pub fn note_removed(&self, key: impl AsRef<[u8]>) {
+        let _ = key;
+        self.inner.counters.add(Counter::Removed as usize, 1);
+    }
+
+    /// The guard's name, as given to the builder (the `guard` metrics label).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Whether no filter has been built yet (every check answers `Warming`).
+    pub fn is_warming(&self) -> bool {
+        self.inner.live.load().generations.is_empty()
+    }
+
+    /// Drops the oldest generation and opens a fresh one for inserts, now.
+    /// The maintenance task does this every period of a
+    /// [`Lifecycle::Rotate`] guard; with another lifecycle it does nothing.
+    ///
+    /// # Errors
+    /// [`ConfigError`] if the fresh filter would exceed the memory budget.
+    pub fn rotate(&self) -> Result<(), ConfigError> {
+        let Lifecycle::Rotate { generations, .. } = self.inner.lifecycle else {
+            return Ok(());
+        };
+        let fresh = self.new_generation(self.inner.expected_items, self.first_filter_rate())?;
+        let _swap = self.lock_swaps();
+        let live = self.inner.live.load();
+        if live.generations.is_empty() && self.inner.source.is_some() {
+            // Still warming: the first build opens the first generation.
+            return Ok(());
+        }
+        let keep_from = (live.generations.len() + 1).saturating_sub(generations);
+        let mut kept: Vec<_> = live.generations[keep_from..].to_vec();
+        kept.push(Arc::new(fresh));
+        self.inner.live.store(Arc::new(live.replaced(kept)));
+        Ok(())
+    }
+
+    /// Opens a larger filter after `full`, unless another insert did first.
+    #[cold]
+    fn grow(&self, full: &Arc<Generation>) {
+        let Lifecycle::Grow {
+            expansion,
+            tightening,
+        } = self.inner.lifecycle
+        else {
+            return;
+        };
+        let _swap = self.lock_swaps();
+        let live = self.inner.live.load();
+        let still_newest = live.newest().is_some_and(|n| Arc::ptr_eq(n, full));
+        if !still_newest || live.generations.len() >= MAX_GROWN_FILTERS {
+            return;
+        }
+        let capacity = (full.capacity as f64 * expansion).ceil() as u64;
+        match self.new_generation(capacity, full.fp_rate * tightening) {
+            Ok(next) => {
+                let mut generations = live.generations.clone();
+                generations.push(Arc::new(next));
+                self.inner.live.store(Arc::new(live.replaced(generations)));
+            }
+            Err(error) => tracing::warn!(
+                guard = %self.inner.name,
+                %error,
+                "cannot grow: the newest filter keeps taking inserts past its capacity"
+            ),
+        }
+    }
+
+    fn new_generation(&self, capacity: u64, fp_rate: f64) -> Result<Generation, ConfigError> {
+        let filter = self.new_filter(capacity, fp_rate)?;
+        Ok(Generation::new(filter, capacity, fp_rate))
+    }
+
+    fn new_filter(&self, capacity: u64, fp_rate: f64) -> Result<AtomicBloom, ConfigError> {
+        FilterBuilder::for_items(capacity, fp_rate)
+            .seed(self.inner.seed)
+            .max_bytes(self.inner.max_bytes)
+            .build()
+    }
+
+    fn first_filter_rate(&self) -> f64 {
+        self.inner
+            .lifecycle
+            .first_filter_rate(self.inner.target_fpr)
+    }
+
+    fn lock_swaps(&self) -> MutexGuard<'_, ()> {
+        // The lock guards no data of its own, so a panic elsewhere cannot
+        // leave anything half-changed behind it.
+        self.inner
+            .swap_lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn history(&self) -> MutexGuard<'_, History> {
+        self.inner
+            .history
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+fn present_if(maybe: bool) -> Verdict {
+    if maybe {
+        Verdict::MaybePresent
+    } else {
+        Verdict::Absent
+    }
+}
+
+impl fmt::Debug for Guard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let live = self.inner.live.load();
+        f.debug_struct("Guard")
+            .field("name", &self.inner.name)
+            .field("lifecycle", &self.inner.lifecycle)
+            .field("generations", &live.generations.len())
+            .field("generation", &live.number)
+            .field("rebuilding", &live.shadow.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Options for a [`Guard`]; every option has a default but the name.
+///
+/// ```
+/// use std::time::Duration;
+/// use bloomguard::{Guard, Lifecycle, Rebuild};
+///
+/// let guard = Guard::builder()
+///     .name("seen_items")
+///     .expected_items(1_000_000)
+///     .false_positive_rate(0.01)
+///     .lifecycle(Lifecycle::rotate(30, Duration::from_secs(24 * 3600)))
+///     .build()?;
+/// assert_eq!(guard.stats().generations, 1);
+/// # Ok::<(), bloomguard::ConfigError>(())
+/// ```
+#[must_use]
+pub struct GuardBuilder {
+    name: String,
+    expected_items: u64,
+    false_positive_rate: f64,
+    lifecycle: Lifecycle,
+    rebuild: Rebuild,
+    source: Option<Box<dyn KeySource>>,
+    seed: Option<u64>,
+    max_bytes: u64,
+    staleness: Option<StalenessCheck>,
+    maintenance_interval: Duration,
+}
+
+impl Default for GuardBuilder {
+    fn default() -> Self {
+        Self {
+            name: "default".to_owned(),
+            expected_items: Self::DEFAULT_EXPECTED_ITEMS,
+            false_positive_rate: Self::DEFAULT_FALSE_POSITIVE_RATE,
+            lifecycle: Lifecycle::Single,
+            rebuild: Rebuild::default(),
+            source: None,
+            seed: None,
+            max_bytes: DEFAULT_MAX_BYTES,
+            staleness: None,
+            maintenance_interval: Self::DEFAULT_MAINTENANCE_INTERVAL,
+        }
+    }
+}
+
+impl GuardBuilder {
+    /// Items a guard is sized for unless told: 1 million.
+    pub const DEFAULT_EXPECTED_ITEMS: u64 = 1_000_000;
+    /// The target false-positive rate unless told: 1 %.
+    pub const DEFAULT_FALSE_POSITIVE_RATE: f64 = 0.01;
+    /// How often the maintenance task looks at the policies unless told: 1 s.
+    pub const DEFAULT_MAINTENANCE_INTERVAL: Duration = Duration::from_secs(1);
+
+    /// How often the maintenance task evaluates the rebuild triggers and
+    /// (with the `metrics` feature) publishes metrics. Rotations happen on
+    /// time whatever this is.
+    pub fn maintenance_interval(mut self, interval: Duration) -> Self {
+        self.maintenance_interval = interval;
+        self
+    }
+
+    /// A name for logs and the `guard` metrics label (default `"default"`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Distinct keys the filter is sized for (per generation when rotating).
+    pub fn expected_items(mut self, items: u64) -> Self {
+        self.expected_items = items;
+        self
+    }
+
+    /// The false-positive rate to hold at `expected_items` (default 1 %).
+    pub fn false_positive_rate(mut self, rate: f64) -> Self {
+        self.false_positive_rate = rate;
+        self
+    }
+
+    /// How the filters age: [`Lifecycle::Single`] (default), rotation or growth.
+    pub fn lifecycle(mut self, lifecycle: Lifecycle) -> Self {
+        self.lifecycle = lifecycle;
+        self
+    }
+
+    /// When and how to rebuild from the [`source`](Self::source).
+    pub fn rebuild(mut self, policy: Rebuild) -> Self {
+        self.rebuild = policy;
+        self
+    }
+
+    /// Where rebuilds read every key from. A guard with a source starts
+    /// [`Verdict::Warming`] and serves once its first build completes; a
+    /// guard without one starts with an empty filter and learns every key
+    /// through [`Guard::insert`].
+    pub fn source(mut self, source: impl KeySource) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+
+    /// Fixes the hash seed of every filter of the guard (random otherwise),
+    /// for filters that must agree across processes.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// The most bytes one filter may take (default 4 GiB).
+    pub fn max_bytes(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    /// Samples `fraction` of the `Absent` answers and asks `exists` whether
+    /// the store has the key anyway, off the request path, in the
+    /// maintenance task. A key found there was written without
+    /// [`Guard::insert`]: the filter is stale. The guard counts it
+    /// ([`GuardStats::stale_negatives`]), logs it and rebuilds.
+    ///
+    /// A sampled answer costs one copy of the key; when the queue of keys to
+    /// verify is full, samples are dropped.
+    pub fn staleness_check<F, Fut>(mut self, fraction: f64, exists: F) -> Self
+    where
+        F: Fn(Vec<u8>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<bool, SourceError>> + Send + 'static,
+    {
+        self.staleness = Some(StalenessCheck::new(fraction, exists));
+        self
+    }
+
+    /// Builds the guard.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first option out of range: zero items, a
+    /// rate outside (0, 1), a lifecycle or rebuild parameter out of range,
+    /// or a first filter over the memory budget.
+    pub fn build(self) -> Result<Guard, ConfigError> {
+        check_rate("false_positive_rate", self.false_positive_rate)?;
+        if self.maintenance_interval.is_zero() {
+            return Err(ConfigError::out_of_range(
+                "maintenance_interval",
+                format!("{:?}", self.maintenance_interval),
+                "a positive duration",
+            ));
+        }
+        self.lifecycle.validate()?;
+        self.rebuild.validate()?;
+        let first_rate = self.lifecycle.first_filter_rate(self.false_positive_rate);
+        // Sizing the first filter checks items, rate and budget, even for a
+        // guard that only builds it after its first scan.
+        let first = FilterBuilder::for_items(self.expected_items, first_rate)
+            .seed(self.seed.unwrap_or_else(random_seed))
+            .max_bytes(self.max_bytes)
+            .build()?;
+        let seed = first.seed();
+        let (staleness, verifier) = match self.staleness {
+            Some(check) => {
+                let (sampler, verifier) = check.split()?;
+                (Some(sampler), Some(verifier))
+            }
+            None => (None, None),
+        };
+        let live = match self.source {
+            Some(_) => LiveSet::warming(),
+            None => LiveSet::warming().replaced(vec![Arc::new(Generation::new(
+                first,
+                self.expected_items,
+                first_rate,
+            ))]),
+        };
+        let guard = Guard {
+            inner: Arc::new(Inner {
+                name: self.name,
+                expected_items: self.expected_items,
+                target_fpr: self.false_positive_rate,
+                lifecycle: self.lifecycle,
+                rebuild: self.rebuild,
+                source: self.source,
+                seed,
+                max_bytes: self.max_bytes,
+                live: ArcSwap::from_pointee(live),
+                swap_lock: Mutex::new(()),
+                rebuild_lock: tokio::sync::Mutex::new(()),
+                writes: WriteTracker::new(),
+                abandoned: Mutex::new(Vec::new()),
+                counters: StripedCounters::new(),
+                history: Mutex::new(History::default()),
+                stale: AtomicBool::new(false),
+                wake: Arc::new(Notify::new()),
+                maintenance_interval: self.maintenance_interval,
+                staleness,
+                verifier: Mutex::new(verifier),
+            }),
+        };
+        Ok(guard)
+    }
+}
+
+impl fmt::Debug for GuardBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuardBuilder")
+            .field("name", &self.name)
+            .field("expected_items", &self.expected_items)
+            .field("false_positive_rate", &self.false_positive_rate)
+            .field("lifecycle", &self.lifecycle)
+            .field("rebuild", &self.rebuild)
+            .field("source", &self.source.is_some())
+            .field("staleness_check", &self.staleness.is_some())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,298 @@
+//! What a guard does as its data changes: [`Lifecycle`] and [`Rebuild`].
+
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+/// How a guard's filters age: one of three shapes. A [`Rebuild`] policy may
+/// be combined with any of them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Lifecycle {
+    /// One filter, replaced only by a rebuild. The default.
+    Single,
+    /// `generations` filters, each open for inserts for `period`: a query ORs
+    /// them, an insert goes to the newest, and every `period` the oldest is
+    /// dropped and a fresh one opened. A key stays present for at least
+    /// `(generations − 1) × period` and at most `generations × period`:
+    /// "seen in the last 30 days" without deletion, in bounded memory.
+    ///
+    /// `expected_items` is per generation, and each generation is sized for
+    /// `false_positive_rate / generations`, so that the OR meets the target.
+    Rotate {
+        /// How many generations are queried (2 to 64).
+        generations: usize,
+        /// How long each generation takes inserts.
+        period: Duration,
+    },
+    /// Starts with one filter for `expected_items`; when the newest is full
+    /// it opens another, `expansion` times larger, with its false-positive
+    /// rate multiplied by `tightening`. The first filter is sized for
+    /// `false_positive_rate × (1 − tightening)`, so the rates form a series
+    /// whose sum — the compound rate — stays under the target however many
+    /// filters are added (the scheme of RedisBloom's scalable filters, after
+    /// Almeida et al., "Scalable Bloom Filters", 2007). For sets of unknown size.
+    Grow {
+        /// Capacity ratio of each new filter to the previous one (1.0 to 16.0; 2.0 is usual).
+        expansion: f64,
+        /// FPR ratio of each new filter to the previous one (in (0, 1); 0.5 is usual).
+        tightening: f64,
+    },
+}
+
+/// The most filters a growing guard opens; past it, it keeps filling the last one.
+pub(crate) const MAX_GROWN_FILTERS: usize = 32;
+
+impl Lifecycle {
+    /// [`Lifecycle::Rotate`] with `generations` generations of `period` each.
+    pub fn rotate(generations: usize, period: Duration) -> Self {
+        Self::Rotate {
+            generations,
+            period,
+        }
+    }
+
+    /// [`Lifecycle::Grow`] with `expansion` and the usual tightening of 0.5.
+    pub fn grow(expansion: f64) -> Self {
+        Self::Grow {
+            expansion,
+            tightening: 0.5,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        match *self {
+            Self::Single => Ok(()),
+            Self::Rotate {
+                generations,
+                period,
+            } => {
+                if !(2..=64).contains(&generations) {
+                    return Err(ConfigError::out_of_range(
+                        "generations",
+                        generations,
+                        "2..=64",
+                    ));
+                }
+                if period.is_zero() {
+                    return Err(ConfigError::out_of_range(
+                        "period",
+                        format!("{period:?}"),
+                        "a positive duration",
+                    ));
+                }
+                Ok(())
+            }
+            Self::Grow {
+                expansion,
+                tightening,
+            } => {
+                if !(1.0..=16.0).contains(&expansion) {
+                    return Err(ConfigError::out_of_range(
+                        "expansion",
+                        expansion,
+                        "1.0..=16.0",
+                    ));
+                }
+                if !(tightening > 0.0 && tightening < 1.0) {
+                    return Err(ConfigError::out_of_range(
+                        "tightening",
+                        tightening,
+                        "(0, 1)",
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The false-positive rate of the first filter, such that the OR of all
+    /// filters meets `target`.
+    pub(crate) fn first_filter_rate(&self, target: f64) -> f64 {
+        match *self {
+            Self::Single => target,
+            Self::Rotate { generations, .. } => target / generations as f64,
+            Self::Grow { tightening, .. } => target * (1.0 - tightening),
+        }
+    }
+}
+
+/// When a guard with a [`KeySource`](crate::KeySource) rebuilds its filter, and how.
+///
+/// Triggers (any of them): a schedule ([`every`](Self::every)), drift of the
+/// estimated or observed false-positive rate over a multiple of the target
+/// ([`when_drift_exceeds`](Self::when_drift_exceeds)), removals past a share
+/// of the items ([`when_removed_exceeds`](Self::when_removed_exceeds)), a
+/// stale filter reported by the staleness check, and
+/// [`Guard::rebuild`](crate::Guard::rebuild) called by hand. The maintenance
+/// task (see [`Guard::spawn_maintenance`](crate::Guard::spawn_maintenance))
+/// applies the policy; the first build of a guard with a source is always due.
+///
+/// ```
+/// use std::time::Duration;
+/// use bloomguard::Rebuild;
+///
+/// let policy = Rebuild::when_drift_exceeds(2.0).every(Duration::from_secs(3600));
+/// # let _ = policy;
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rebuild {
+    pub(crate) every: Option<Duration>,
+    pub(crate) drift_threshold: Option<f64>,
+    pub(crate) removed_fraction: Option<f64>,
+    pub(crate) headroom: f64,
+    pub(crate) timeout: Duration,
+    pub(crate) write_settle: Duration,
+    pub(crate) retry_backoff: (Duration, Duration),
+}
+
+impl Default for Rebuild {
+    /// Manual rebuilds only, plus the first build and the staleness trigger.
+    fn default() -> Self {
+        Self {
+            every: None,
+            drift_threshold: None,
+            removed_fraction: None,
+            headroom: Self::DEFAULT_HEADROOM,
+            timeout: Self::DEFAULT_TIMEOUT,
+            write_settle: Self::DEFAULT_WRITE_SETTLE,
+            retry_backoff: (Duration::from_secs(1), Duration::from_secs(300)),
+        }
+    }
+}
+
+impl Rebuild {
+    /// Room left for growth: a rebuild sizes for `counted keys × headroom`.
+    pub const DEFAULT_HEADROOM: f64 = 1.5;
+    /// A rebuild running longer than this fails, and the old filter keeps serving.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+    /// How long a rebuild waits, once it takes inserts into both filters,
+    /// before it starts reading the source. See [`write_settle`](Self::write_settle).
+    pub const DEFAULT_WRITE_SETTLE: Duration = Duration::from_millis(250);
+
+    /// Rebuild only when asked ([`Guard::rebuild`](crate::Guard::rebuild)),
+    /// when the filter was never built, or when found stale.
+    pub fn manual() -> Self {
+        Self::default()
+    }
+
+    /// Rebuild when the estimated or observed false-positive rate exceeds
+    /// `ratio` × the target (2.0 is a good start).
+    pub fn when_drift_exceeds(ratio: f64) -> Self {
+        Self::default().drift(ratio)
+    }
+
+    /// Rebuild on a schedule, `period` after the last successful build.
+    pub fn every_period(period: Duration) -> Self {
+        Self::default().every(period)
+    }
+
+    /// Adds a schedule: rebuild `period` after the last successful build.
+    #[must_use]
+    pub fn every(mut self, period: Duration) -> Self {
+        self.every = Some(period);
+        self
+    }
+
+    /// Adds a drift trigger at `ratio` × the target false-positive rate.
+    #[must_use]
+    pub fn drift(mut self, ratio: f64) -> Self {
+        self.drift_threshold = Some(ratio);
+        self
+    }
+
+    /// Adds a trigger for deleted keys: rebuild once the keys reported by
+    /// [`Guard::note_removed`](crate::Guard::note_removed) since the last
+    /// build exceed `fraction` of the keys that build counted. Deleted keys
+    /// stay "maybe" in the filter and raise the real false-positive rate
+    /// without changing the fill, so no fill-based estimate sees them.
+    #[must_use]
+    pub fn when_removed_exceeds(mut self, fraction: f64) -> Self {
+        self.removed_fraction = Some(fraction);
+        self
+    }
+
+    /// The new filter's capacity is `max(expected_items, counted × headroom)`
+    /// (default [`DEFAULT_HEADROOM`](Self::DEFAULT_HEADROOM)).
+    #[must_use]
+    pub fn headroom(mut self, headroom: f64) -> Self {
+        self.headroom = headroom;
+        self
+    }
+
+    /// A rebuild that takes longer fails (default [`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT)).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long after [`Guard::insert`](crate::Guard::insert) returns the
+    /// caller's write may take to become visible in the store, at most
+    /// (default [`DEFAULT_WRITE_SETTLE`](Self::DEFAULT_WRITE_SETTLE)).
+    ///
+    /// A rebuild starts taking inserts into both filters, waits for inserts
+    /// and [`PendingWrite`](crate::PendingWrite)s begun before that to finish,
+    /// then waits this long before it reads the source, so that a write
+    /// following a plain `insert` is either in the new filter or in the
+    /// store by the time the source is read. Writes that may take longer
+    /// should hold a [`PendingWrite`](crate::PendingWrite) instead
+    /// ([`Guard::insert_then_write`](crate::Guard::insert_then_write)).
+    #[must_use]
+    pub fn write_settle(mut self, settle: Duration) -> Self {
+        self.write_settle = settle;
+        self
+    }
+
+    /// Waits between failed attempts: starts at `first`, doubles up to `max`.
+    #[must_use]
+    pub fn retry_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.retry_backoff = (first, max.max(first));
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(ratio) = self.drift_threshold
+            && !(ratio > 1.0 && ratio.is_finite())
+        {
+            return Err(ConfigError::out_of_range(
+                "drift threshold",
+                ratio,
+                "a finite ratio above 1.0",
+            ));
+        }
+        if let Some(fraction) = self.removed_fraction
+            && !(fraction > 0.0 && fraction.is_finite())
+        {
+            return Err(ConfigError::out_of_range(
+                "removed fraction",
+                fraction,
+                "a finite fraction above 0",
+            ));
+        }
+        if !(1.0..=100.0).contains(&self.headroom) {
+            return Err(ConfigError::out_of_range(
+                "headroom",
+                self.headroom,
+                "1.0..=100.0",
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err(ConfigError::out_of_range(
+                "timeout",
+                format!("{:?}", self.timeout),
+                "a positive duration",
+            ));
+        }
+        if let Some(period) = self.every
+            && period.is_zero()
+        {
+            return Err(ConfigError::out_of_range(
+                "every",
+                format!("{period:?}"),
+                "a positive duration",
+            ));
+        }
+        Ok(())
+    }
+}

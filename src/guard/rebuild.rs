@@ -1,0 +1,401 @@
+//! Rebuilding a guard's filter from its [`KeySource`] without losing a key.
+//!
+//! 1. A new filter (the shadow) is installed beside the live ones: from then
+//!    on every insert goes into both.
+//! 2. The rebuild waits for inserts begun before the install to finish (see
+//!    `writes.rs`), then for the policy's write settle.
+//! 3. It streams the source into the shadow, counting keys.
+//! 4. One `ArcSwap::store` makes the shadow the live filter.
+//!
+//! The shadow must exist before the source is read, so its size is a guess:
+//! the larger of the configured items and the best count at hand (the last
+//! rebuild's, or the live filter's estimate) × headroom. When the source
+//! turns out larger, the rebuild sizes again from the count it made and reads
+//! the source a second time, rather than swap in a filter over its capacity.
+//!
+//! Any failure — a source error, a timeout, the future dropped — removes the
+//! shadow and leaves the live filters serving.
+
+use std::fmt;
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use super::Guard;
+use super::live::{Generation, Shadow};
+use super::source::{KeySource, SourceError};
+use super::writes::WriteTracker;
+use crate::error::ConfigError;
+use crate::filter::AtomicBloom;
+
+/// Reads of the source per rebuild, at most (see the module docs).
+const MAX_PASSES: u32 = 2;
+/// How often a rebuild looks whether earlier inserts have finished.
+const PENDING_WRITES_POLL: Duration = Duration::from_millis(1);
+
+/// How a rebuild attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RebuildOutcome {
+    /// The new filter is live.
+    Succeeded,
+    /// The source failed or the new filter could not be sized.
+    Failed,
+    /// The policy's timeout passed first.
+    TimedOut,
+    /// The rebuild was dropped before it finished (shutdown).
+    Cancelled,
+}
+
+/// One rebuild attempt, as [`GuardStats::last_rebuild`](super::GuardStats::last_rebuild) shows it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RebuildReport {
+    /// How it ended.
+    pub outcome: RebuildOutcome,
+    /// When it ended.
+    pub finished_at: SystemTime,
+    /// How long it ran.
+    pub duration: Duration,
+    /// Keys read from the source in the last pass.
+    pub keys: u64,
+    /// Reads of the source (2 when the first guess at the size was too small).
+    pub passes: u32,
+    /// Keys the new filter was sized for.
+    pub capacity: u64,
+    /// What went wrong, for an attempt that did not succeed.
+    pub error: Option<String>,
+}
+
+/// Why a rebuild did not complete. The live filters keep serving.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RebuildError {
+    /// The guard has no [`KeySource`].
+    NoSource,
+    /// The source failed.
+    Source(SourceError),
+    /// The rebuild ran past its timeout (waiting for earlier writes included).
+    TimedOut(Duration),
+    /// The new filter could not be sized (over the memory budget).
+    Config(ConfigError),
+}
+
+impl fmt::Display for RebuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoSource => f.write_str("the guard has no key source to rebuild from"),
+            Self::Source(error) => write!(f, "rebuild failed: {error}"),
+            Self::TimedOut(timeout) => write!(f, "rebuild timed out after {timeout:?}"),
+            Self::Config(error) => write!(f, "rebuild cannot size the new filter: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for RebuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Source(error) => Some(error),
+            Self::Config(error) => Some(error),
+            Self::NoSource | Self::TimedOut(_) => None,
+        }
+    }
+}
+
+impl From<ConfigError> for RebuildError {
+    fn from(error: ConfigError) -> Self {
+        Self::Config(error)
+    }
+}
+
+/// What a completed build swapped in.
+struct Built {
+    keys: u64,
+    passes: u32,
+    capacity: u64,
+}
+
+impl Guard {
+    /// Rebuilds the filter from the source now and swaps it in; waits for a
+    /// rebuild already running to end first. Inserts made meanwhile go into
+    /// both filters, so the swap loses none of them.
+    ///
+    /// Cancel-safe: dropping the future abandons the new filter and leaves
+    /// the live ones serving.
+    ///
+    /// # Errors
+    /// [`RebuildError`]; the live filters keep serving, and the failure is
+    /// counted in [`GuardStats::rebuilds`](super::GuardStats::rebuilds).
+    pub async fn rebuild(&self) -> Result<RebuildReport, RebuildError> {
+        let Some(source) = &self.inner.source else {
+            return Err(RebuildError::NoSource);
+        };
+        let _one_at_a_time = self.inner.rebuild_lock.lock().await;
+        let mut attempt = Attempt {
+            guard: self,
+            started: Instant::now(),
+            finished: false,
+        };
+        let timeout = self.inner.rebuild.timeout;
+        let result = tokio::time::timeout(timeout, self.build_from(source.as_ref()))
+            .await
+            .unwrap_or(Err(RebuildError::TimedOut(timeout)));
+        attempt.finish(result)
+    }
+
+    async fn build_from(&self, source: &dyn KeySource) -> Result<Built, RebuildError> {
+        let fp_rate = self.first_filter_rate();
+        let mut capacity = self.first_guess_capacity();
+        for pass in 1..=MAX_PASSES {
+            let shadow = Arc::new(Shadow {
+                generation: Arc::new(Generation::new(
+                    self.new_filter(capacity, fp_rate)?,
+                    capacity,
+                    fp_rate,
+                )),
+                writes: WriteTracker::new(),
+            });
+            let installed = Installed::new(self, Arc::clone(&shadow));
+            self.wait_for_earlier_writes().await;
+            tokio::time::sleep(self.inner.rebuild.write_settle).await;
+            let keys = stream_into(&shadow.generation.filter, source).await?;
+            if keys <= capacity || pass == MAX_PASSES {
+                installed.commit(keys);
+                return Ok(Built {
+                    keys,
+                    passes: pass,
+                    capacity,
+                });
+            }
+            tracing::info!(
+                guard = %self.inner.name,
+                keys,
+                capacity,
+                "the source holds more keys than the new filter was sized for: reading it again"
+            );
+            capacity = self.capacity_for(keys);
+        }
+        unreachable!("the last pass always commits")
+    }
+
+    /// The larger of the configured items and `counted × headroom`.
+    fn capacity_for(&self, counted: u64) -> u64 {
+        let with_headroom = (counted as f64 * self.inner.rebuild.headroom).ceil() as u64;
+        self.inner.expected_items.max(with_headroom)
+    }
+
+    /// The best count at hand before reading the source: the last rebuild's,
+    /// or what the live filters' fill implies, whichever is larger.
+    fn first_guess_capacity(&self) -> u64 {
+        let last_counted = self.history().last_counted.unwrap_or(0);
+        let live = self.inner.live.load();
+        let estimated: f64 = live
+            .generations
+            .iter()
+            .map(|g| g.filter.stats().estimated_items)
+            .sum();
+        self.capacity_for(last_counted.max(estimated as u64))
+    }
+
+    /// Waits until every insert begun before the shadow was installed has
+    /// finished, abandoned rebuilds' pending writes included.
+    async fn wait_for_earlier_writes(&self) {
+        loop {
+            // The guard's count first: a pending write moves from it to an
+            // abandoned shadow's count, never back.
+            let guard_quiet = self.inner.writes.is_quiet();
+            let abandoned_quiet = {
+                let mut abandoned = self
+                    .inner
+                    .abandoned
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                abandoned.retain(|shadow| !shadow.writes.is_quiet());
+                abandoned.is_empty()
+            };
+            if guard_quiet && abandoned_quiet {
+                return;
+            }
+            tokio::time::sleep(PENDING_WRITES_POLL).await;
+        }
+    }
+
+    fn record_attempt(&self, report: RebuildReport, built: Option<&Built>) {
+        let mut history = self.history();
+        let counts = &mut history.rebuilds;
+        match report.outcome {
+            RebuildOutcome::Succeeded => counts.succeeded += 1,
+            RebuildOutcome::Failed => counts.failed += 1,
+            RebuildOutcome::TimedOut => counts.timed_out += 1,
+            RebuildOutcome::Cancelled => counts.cancelled += 1,
+        }
+        if let Some(built) = built {
+            history.last_counted = Some(built.keys);
+            history.last_success_at = Some(Instant::now());
+        }
+        #[cfg(feature = "metrics")]
+        crate::metrics::record_rebuild(&self.inner.name, &report);
+        history.last_rebuild = Some(report);
+    }
+}
+
+/// Streams every key of `source` into `filter`; returns how many it read.
+async fn stream_into(filter: &AtomicBloom, source: &dyn KeySource) -> Result<u64, RebuildError> {
+    let mut keys = source.scan();
+    let mut counted = 0;
+    while let Some(batch) = poll_fn(|cx| keys.as_mut().poll_next(cx)).await {
+        let batch = batch.map_err(RebuildError::Source)?;
+        counted += batch.len() as u64;
+        filter.insert_many(&batch);
+        // A source that is always ready (an in-memory one) would otherwise
+        // hold the worker thread, and the timeout could never fire.
+        tokio::task::yield_now().await;
+    }
+    Ok(counted)
+}
+
+/// A shadow taking inserts beside the live filters; removed on drop unless
+/// committed.
+struct Installed<'a> {
+    guard: &'a Guard,
+    shadow: Arc<Shadow>,
+    committed: bool,
+}
+
+impl<'a> Installed<'a> {
+    fn new(guard: &'a Guard, shadow: Arc<Shadow>) -> Self {
+        let _swap = guard.lock_swaps();
+        let live = guard.inner.live.load();
+        guard
+            .inner
+            .live
+            .store(Arc::new(live.with_shadow(Some(Arc::clone(&shadow)))));
+        Self {
+            guard,
+            shadow,
+            committed: false,
+        }
+    }
+
+    /// Makes the shadow the only live filter.
+    fn commit(mut self, keys: u64) {
+        let inner = &self.guard.inner;
+        {
+            let _swap = self.guard.lock_swaps();
+            let live = inner.live.load();
+            let mut rebuilt = live.replaced(vec![Arc::clone(&self.shadow.generation)]);
+            rebuilt.shadow = None;
+            inner.live.store(Arc::new(rebuilt));
+        }
+        self.committed = true;
+        let baseline = self.guard.baseline_now();
+        self.guard.history().baseline = baseline;
+        inner
+            .stale
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(
+            guard = %inner.name,
+            keys,
+            capacity = self.shadow.generation.capacity,
+            "rebuilt filter is live"
+        );
+    }
+}
+
+impl Drop for Installed<'_> {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        let inner = &self.guard.inner;
+        {
+            let _swap = self.guard.lock_swaps();
+            let live = inner.live.load();
+            if live
+                .shadow
+                .as_ref()
+                .is_some_and(|s| Arc::ptr_eq(s, &self.shadow))
+            {
+                inner.live.store(Arc::new(live.with_shadow(None)));
+            }
+        }
+        // Writes that counted on this shadow are now only in the live
+        // filters: the next rebuild must wait for them.
+        inner
+            .abandoned
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(Arc::clone(&self.shadow));
+    }
+}
+
+/// One rebuild attempt; records itself as cancelled if dropped unfinished.
+struct Attempt<'a> {
+    guard: &'a Guard,
+    started: Instant,
+    finished: bool,
+}
+
+impl Attempt<'_> {
+    fn finish(
+        &mut self,
+        result: Result<Built, RebuildError>,
+    ) -> Result<RebuildReport, RebuildError> {
+        self.finished = true;
+        let (outcome, built, error) = match result {
+            Ok(built) => (RebuildOutcome::Succeeded, Some(built), None),
+            Err(error) => {
+                let outcome = match error {
+                    RebuildError::TimedOut(_) => RebuildOutcome::TimedOut,
+                    _ => RebuildOutcome::Failed,
+                };
+                (outcome, None, Some(error))
+            }
+        };
+        let report = self.report(
+            outcome,
+            built.as_ref(),
+            error.as_ref().map(ToString::to_string),
+        );
+        self.guard.record_attempt(report.clone(), built.as_ref());
+        match error {
+            None => Ok(report),
+            Some(error) => {
+                tracing::warn!(guard = %self.guard.inner.name, %error, "rebuild failed; the old filter keeps serving");
+                Err(error)
+            }
+        }
+    }
+
+    fn report(
+        &self,
+        outcome: RebuildOutcome,
+        built: Option<&Built>,
+        error: Option<String>,
+    ) -> RebuildReport {
+        RebuildReport {
+            outcome,
+            finished_at: SystemTime::now(),
+            duration: self.started.elapsed(),
+            keys: built.map_or(0, |b| b.keys),
+            passes: built.map_or(0, |b| b.passes),
+            capacity: built.map_or(0, |b| b.capacity),
+            error,
+        }
+    }
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            let report = self.report(
+                RebuildOutcome::Cancelled,
+                None,
+                Some("the rebuild was dropped before it finished".to_owned()),
+            );
+            self.guard.record_attempt(report, None);
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Where a rebuild reads the keys from: [`KeySource`].
+
+use std::error::Error;
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_core::Stream;
+
+/// Keys streamed in batches: a Redis `SCAN` page, a database cursor's fetch.
+pub type KeyBatch = Vec<Vec<u8>>;
+
+/// The stream one pass of a [`KeySource`] yields.
+pub type KeyStream<'a> = Pin<Box<dyn Stream<Item = Result<KeyBatch, SourceError>> + Send + 'a>>;
+
+/// Everything the store holds, streamed for a rebuild.
+///
+/// Each call of [`scan`](Self::scan) starts a fresh pass. A pass must yield
+/// every key that is in the store for its whole duration; keys written or
+/// deleted while it runs may or may not appear (the guaranty of Redis `SCAN`).
+/// Writes made during a pass are covered by the guard itself, which inserts
+/// them into the filter being built as well (see [`Guard::insert`]).
+///
+/// A pass should stream: a rebuild over ten million keys then needs memory for
+/// one batch, not for the key set.
+///
+/// For keys held in memory, [`from_fn`] wraps a closure that lists them.
+///
+/// [`Guard::insert`]: crate::Guard::insert
+pub trait KeySource: Send + Sync + 'static {
+    /// Starts a pass over every key.
+    fn scan(&self) -> KeyStream<'_>;
+}
+
+impl<S: KeySource + ?Sized> KeySource for std::sync::Arc<S> {
+    fn scan(&self) -> KeyStream<'_> {
+        (**self).scan()
+    }
+}
+
+impl<S: KeySource + ?Sized> KeySource for Box<S> {
+    fn scan(&self) -> KeyStream<'_> {
+        (**self).scan()
+    }
+}
+
+/// A [`KeySource`] over whatever a closure lists at the start of each pass:
+/// an in-memory store, a snapshot, a test fixture.
+///
+/// ```
+/// use std::sync::{Arc, RwLock};
+/// use std::collections::HashSet;
+///
+/// let store = Arc::new(RwLock::new(HashSet::from(["item:1".to_string()])));
+/// let listed = Arc::clone(&store);
+/// let source = bloomguard::source::from_fn(move || {
+///     listed.read().unwrap().iter().cloned().collect::<Vec<_>>()
+/// });
+/// # let _ = source;
+/// ```
+pub fn from_fn<F, I>(list: F) -> FnSource<F>
+where
+    F: Fn() -> I + Send + Sync + 'static,
+    I: IntoIterator,
+    I::Item: AsRef<[u8]>,
+    I::IntoIter: Send + Unpin + 'static,
+{
+    FnSource { list }
+}
+
+/// The [`KeySource`] made by [`from_fn`].
+#[derive(Clone)]
+pub struct FnSource<F> {
+    list: F,
+}
+
+impl<F> fmt::Debug for FnSource<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FnSource").finish_non_exhaustive()
+    }
+}
+
+/// Keys per batch when a source is an iterator.
+const ITERATOR_BATCH: usize = 4096;
+
+impl<F, I> KeySource for FnSource<F>
+where
+    F: Fn() -> I + Send + Sync + 'static,
+    I: IntoIterator,
+    I::Item: AsRef<[u8]>,
+    I::IntoIter: Send + Unpin + 'static,
+{
+    fn scan(&self) -> KeyStream<'_> {
+        Box::pin(IteratorStream {
+            keys: (self.list)().into_iter(),
+        })
+    }
+}
+
+/// Batches an iterator's keys. It is always ready, so a rebuild over it
+/// yields to the runtime between batches on its own (see `rebuild.rs`).
+struct IteratorStream<I> {
+    keys: I,
+}
+
+impl<I> Stream for IteratorStream<I>
+where
+    I: Iterator + Unpin,
+    I::Item: AsRef<[u8]>,
+{
+    type Item = Result<KeyBatch, SourceError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let batch: KeyBatch = self
+            .keys
+            .by_ref()
+            .take(ITERATOR_BATCH)
+            .map(|key| key.as_ref().to_vec())
+            .collect();
+        Poll::Ready((!batch.is_empty()).then_some(Ok(batch)))
+    }
+}
+
+/// A [`KeySource`] failed: the store was unreachable, a cursor broke.
+#[derive(Debug)]
+pub struct SourceError {
+    cause: Box<dyn Error + Send + Sync>,
+}
+
+impl SourceError {
+    /// Wraps the cause of the failure (an error, or a message).
+    pub fn new(cause: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
+        Self {
+            cause: cause.into(),
+        }
+    }
+}
+
+impl fmt::Display for SourceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "key source failed: {}", self.cause)
+    }
+}
+
+impl Error for SourceError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&*self.cause)
+    }
+}

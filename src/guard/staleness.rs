@@ -1,0 +1,109 @@
+//! Catching writes that bypassed the guard: a sample of `Absent` answers is
+//! checked against the store, off the request path.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::source::SourceError;
+use crate::error::ConfigError;
+
+/// Keys waiting for verification, at most; more samples are dropped.
+const QUEUE_CAPACITY: usize = 1024;
+
+type ExistsFuture = Pin<Box<dyn Future<Output = Result<bool, SourceError>> + Send>>;
+type ExistsFn = Arc<dyn Fn(Vec<u8>) -> ExistsFuture + Send + Sync>;
+
+/// The staleness check as configured on the builder.
+pub(crate) struct StalenessCheck {
+    fraction: f64,
+    exists: ExistsFn,
+}
+
+impl StalenessCheck {
+    pub(crate) fn new<F, Fut>(fraction: f64, exists: F) -> Self
+    where
+        F: Fn(Vec<u8>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<bool, SourceError>> + Send + 'static,
+    {
+        Self {
+            fraction,
+            exists: Arc::new(move |key| Box::pin(exists(key))),
+        }
+    }
+
+    /// The sampling half (on the request path) and the verifying half (in
+    /// the maintenance task), joined by a bounded queue.
+    pub(crate) fn split(self) -> Result<(StalenessSampler, Verifier), ConfigError> {
+        if !(self.fraction > 0.0 && self.fraction <= 1.0) {
+            return Err(ConfigError::out_of_range(
+                "staleness fraction",
+                self.fraction,
+                "(0, 1]",
+            ));
+        }
+        let (queue, keys) = mpsc::channel(QUEUE_CAPACITY);
+        // A sample is taken when a uniform u64 falls at or below the threshold.
+        let threshold = if self.fraction >= 1.0 {
+            u64::MAX
+        } else {
+            (self.fraction * u64::MAX as f64) as u64
+        };
+        Ok((
+            StalenessSampler { threshold, queue },
+            Verifier {
+                keys,
+                exists: self.exists,
+            },
+        ))
+    }
+}
+
+pub(crate) struct StalenessSampler {
+    threshold: u64,
+    queue: mpsc::Sender<Vec<u8>>,
+}
+
+impl StalenessSampler {
+    #[inline]
+    pub(crate) fn maybe_sample(&self, key: &[u8]) {
+        if next_random() <= self.threshold {
+            // A full queue means the verifier is behind: dropping a sample
+            // only makes the check a little less eager.
+            let _ = self.queue.try_send(key.to_vec());
+        }
+    }
+}
+
+pub(crate) struct Verifier {
+    pub(crate) keys: mpsc::Receiver<Vec<u8>>,
+    exists: ExistsFn,
+}
+
+impl Verifier {
+    pub(crate) fn exists(&self, key: Vec<u8>) -> ExistsFuture {
+        (self.exists)(key)
+    }
+}
+
+/// A per-thread xorshift generator: sampling needs no quality beyond
+/// "uniform enough" and must cost no shared state.
+fn next_random() -> u64 {
+    thread_local! {
+        static STATE: Cell<u64> = const { Cell::new(0) };
+    }
+    STATE.with(|state| {
+        let mut x = state.get();
+        if x == 0 {
+            x = crate::filter::random_seed() | 1;
+        }
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        state.set(x);
+        x
+    })
+}

@@ -1,0 +1,117 @@
+//! Inserts whose store writes may still be on their way, so that a rebuild
+//! does not read the source before they land.
+//!
+//! The race this closes: an insert loads the live filters just before a
+//! rebuild installs its new filter, so it goes into the old filter only, and
+//! its write reaches the store after the rebuild's scan passed that key. The
+//! key would then be in neither the scan nor the new filter: a false negative
+//! after the swap. So every insert is counted from before it loads the live
+//! filters until its write is done (at once for a plain `insert`, at the drop
+//! of a [`PendingWrite`]); one that saw the new filter installed stops counting
+//! at once, because its key is in the new filter. After installing, a rebuild
+//! waits until the count of the others is zero.
+//!
+//! A [`PendingWrite`] that saw the new filter moves its count to that
+//! filter's own tracker. If that build is abandoned, its tracker joins the
+//! ones the next rebuild waits for, since the key is then only in the old
+//! filter.
+
+use std::sync::Arc;
+use std::sync::atomic::{Ordering, fence};
+
+use super::live::Shadow;
+
+use crate::stats::StripedCounter;
+
+/// Per-thread stripes of "inserts in progress"; each is undone in the stripe
+/// it was made in, so that every stripe is a count ≥ 0 and a zero sum read
+/// after installing means that no insert that missed the install is left.
+pub(crate) struct WriteTracker {
+    in_flight: StripedCounter,
+}
+
+impl WriteTracker {
+    pub(crate) fn new() -> Self {
+        Self {
+            in_flight: StripedCounter::new(),
+        }
+    }
+
+    /// Counts an insert in; returns the stripe to count it out of. Call it
+    /// before loading the live filters.
+    #[inline]
+    pub(crate) fn enter(&self) -> usize {
+        let stripe = self.in_flight.current_stripe();
+        self.in_flight
+            .add_in_stripe(stripe, 0, 1, Ordering::Relaxed);
+        // Pairs with the fence in `is_quiet`: either this insert's load of the
+        // live filters sees the new filter installed, or the rebuild's read of
+        // the count sees this insert.
+        fence(Ordering::SeqCst);
+        stripe
+    }
+
+    #[inline]
+    pub(crate) fn exit(&self, stripe: usize) {
+        self.in_flight
+            .add_in_stripe(stripe, 0, u64::MAX, Ordering::Release);
+    }
+
+    /// Whether no insert counted in before the caller's last store of the live
+    /// filters is still in progress.
+    pub(crate) fn is_quiet(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.in_flight.sum_with(0, Ordering::Acquire) == 0
+    }
+}
+
+impl std::fmt::Debug for WriteTracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteTracker")
+            .field("in_flight", &self.in_flight.sum(0))
+            .finish()
+    }
+}
+
+/// A key inserted into the guard whose write to the store is still in
+/// progress; drop it once the write is visible. While it lives, a rebuild
+/// that could miss the write waits before it reads the source (up to its
+/// timeout), so the key is in the rebuilt filter whether the scan sees the
+/// write or not.
+///
+/// Made by [`Guard::begin_write`](crate::Guard::begin_write); most code uses
+/// [`Guard::insert_then_write`](crate::Guard::insert_then_write) instead.
+#[must_use = "the write counts as in progress until this is dropped"]
+pub struct PendingWrite<'a> {
+    pub(crate) held: HeldIn<'a>,
+}
+
+/// Which count a [`PendingWrite`] holds.
+pub(crate) enum HeldIn<'a> {
+    /// No filter is being built: the next rebuild must wait for this write.
+    Guard(&'a WriteTracker, usize),
+    /// The key is in the filter being built too. Should that build be
+    /// abandoned, the next one waits for this write (see `Shadow`).
+    Shadow(Arc<Shadow>, usize),
+}
+
+impl Drop for PendingWrite<'_> {
+    fn drop(&mut self) {
+        match &self.held {
+            HeldIn::Guard(tracker, stripe) => tracker.exit(*stripe),
+            HeldIn::Shadow(shadow, stripe) => shadow.writes.exit(*stripe),
+        }
+    }
+}
+
+impl std::fmt::Debug for PendingWrite<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let held_in = match self.held {
+            HeldIn::Guard(..) => "guard",
+            HeldIn::Shadow(..) => "filter being built",
+        };
+        f.debug_struct("PendingWrite")
+            .field("held_in", &held_in)
+            .finish()
+    }
+}

@@ -1,0 +1,162 @@
+//! Guard statistics through the [`metrics`](https://docs.rs/metrics) facade
+//! (the `metrics` feature), labelled `guard = <name>`.
+//!
+//! Nothing is published from the request path: [`Guard::publish_metrics`]
+//! copies [`Guard::stats`] into counters and gauges, and the maintenance task
+//! calls it at every tick. Install any recorder (Prometheus, StatsD…) to
+//! collect them; without one, publishing costs next to nothing.
+//!
+//! ```
+//! let guard = bloomguard::Guard::builder().name("items").build()?;
+//! let _ = guard.check("item:1");
+//! guard.publish_metrics(); // bloomguard_checks_total{guard="items",verdict="absent"} 1, …
+//! # Ok::<(), bloomguard::ConfigError>(())
+//! ```
+
+use std::sync::Once;
+
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+
+use crate::guard::{Guard, RebuildOutcome, RebuildReport};
+
+/// Checks, by `verdict` (`absent`, `maybe_present`, `warming`).
+pub const CHECKS_TOTAL: &str = "bloomguard_checks_total";
+/// Keys inserted.
+pub const INSERTS_TOTAL: &str = "bloomguard_inserts_total";
+/// Backend answers "not found" after `MaybePresent`.
+pub const FALSE_POSITIVES_TOTAL: &str = "bloomguard_false_positives_total";
+/// Keys found in the store after an `Absent` answer (staleness check).
+pub const STALE_NEGATIVES_TOTAL: &str = "bloomguard_stale_negatives_total";
+/// Rebuild attempts, by `outcome` (`succeeded`, `failed`, `timed_out`, `cancelled`).
+pub const REBUILDS_TOTAL: &str = "bloomguard_rebuilds_total";
+/// How long rebuild attempts took.
+pub const REBUILD_DURATION_SECONDS: &str = "bloomguard_rebuild_duration_seconds";
+/// Share of bits set in the newest filter.
+pub const FILL_RATIO: &str = "bloomguard_fill_ratio";
+/// Distinct keys the fill implies.
+pub const ESTIMATED_ITEMS: &str = "bloomguard_estimated_items";
+/// False-positive rate the fill implies.
+pub const ESTIMATED_FPR: &str = "bloomguard_estimated_fpr";
+/// False positives ÷ (false positives + absent answers) since the last rebuild.
+pub const OBSERVED_FPR: &str = "bloomguard_observed_fpr";
+/// Share of checks that went on to the backend.
+pub const PASS_THROUGH_RATIO: &str = "bloomguard_pass_through_ratio";
+/// The larger of estimated and observed FPR over the target.
+pub const DRIFT_RATIO: &str = "bloomguard_drift_ratio";
+/// Live filters.
+pub const GENERATIONS: &str = "bloomguard_generations";
+/// Bytes of the filters.
+pub const MEMORY_BYTES: &str = "bloomguard_memory_bytes";
+
+/// Describes every metric (name, unit, help) to the installed recorder.
+/// [`Guard::publish_metrics`] calls it once; call it yourself after
+/// installing a recorder later.
+pub fn describe() {
+    describe_counter!(CHECKS_TOTAL, Unit::Count, "Guard checks, by verdict");
+    describe_counter!(INSERTS_TOTAL, Unit::Count, "Keys inserted into the guard");
+    describe_counter!(
+        FALSE_POSITIVES_TOTAL,
+        Unit::Count,
+        "Backend misses after a maybe-present verdict"
+    );
+    describe_counter!(
+        STALE_NEGATIVES_TOTAL,
+        Unit::Count,
+        "Keys found in the store after an absent verdict (stale filter)"
+    );
+    describe_counter!(REBUILDS_TOTAL, Unit::Count, "Rebuild attempts, by outcome");
+    describe_histogram!(
+        REBUILD_DURATION_SECONDS,
+        Unit::Seconds,
+        "Duration of rebuild attempts"
+    );
+    describe_gauge!(
+        FILL_RATIO,
+        Unit::Count,
+        "Share of bits set in the newest filter"
+    );
+    describe_gauge!(
+        ESTIMATED_ITEMS,
+        Unit::Count,
+        "Distinct keys implied by the fill"
+    );
+    describe_gauge!(
+        ESTIMATED_FPR,
+        Unit::Count,
+        "False-positive rate implied by the fill"
+    );
+    describe_gauge!(
+        OBSERVED_FPR,
+        Unit::Count,
+        "False positives / (false positives + absent verdicts) since the last rebuild"
+    );
+    describe_gauge!(
+        PASS_THROUGH_RATIO,
+        Unit::Count,
+        "Share of checks passed on to the backend"
+    );
+    describe_gauge!(
+        DRIFT_RATIO,
+        Unit::Count,
+        "Larger of estimated and observed false-positive rate over the target"
+    );
+    describe_gauge!(GENERATIONS, Unit::Count, "Live filters");
+    describe_gauge!(MEMORY_BYTES, Unit::Bytes, "Bytes held by the filters");
+}
+
+impl Guard {
+    /// Publishes the guard's statistics to the installed `metrics` recorder.
+    pub fn publish_metrics(&self) {
+        static DESCRIBED: Once = Once::new();
+        DESCRIBED.call_once(describe);
+        let stats = self.stats();
+        let name = stats.name.clone();
+        for (verdict, value) in [
+            ("absent", stats.checks.absent),
+            ("maybe_present", stats.checks.maybe_present),
+            ("warming", stats.checks.warming),
+        ] {
+            counter!(CHECKS_TOTAL, "guard" => name.clone(), "verdict" => verdict).absolute(value);
+        }
+        counter!(INSERTS_TOTAL, "guard" => name.clone()).absolute(stats.inserts);
+        counter!(FALSE_POSITIVES_TOTAL, "guard" => name.clone()).absolute(stats.false_positives);
+        counter!(STALE_NEGATIVES_TOTAL, "guard" => name.clone()).absolute(stats.stale_negatives);
+        for (outcome, value) in [
+            ("succeeded", stats.rebuilds.succeeded),
+            ("failed", stats.rebuilds.failed),
+            ("timed_out", stats.rebuilds.timed_out),
+            ("cancelled", stats.rebuilds.cancelled),
+        ] {
+            counter!(REBUILDS_TOTAL, "guard" => name.clone(), "outcome" => outcome).absolute(value);
+        }
+        gauge!(FILL_RATIO, "guard" => name.clone()).set(stats.fill_ratio);
+        gauge!(ESTIMATED_ITEMS, "guard" => name.clone()).set(stats.estimated_items);
+        gauge!(ESTIMATED_FPR, "guard" => name.clone()).set(stats.estimated_fpr);
+        if let Some(observed) = stats.observed_fpr {
+            gauge!(OBSERVED_FPR, "guard" => name.clone()).set(observed);
+        }
+        gauge!(PASS_THROUGH_RATIO, "guard" => name.clone()).set(stats.pass_through_ratio);
+        let drift = stats
+            .observed_drift
+            .map_or(stats.estimated_drift, |observed| {
+                observed.max(stats.estimated_drift)
+            });
+        gauge!(DRIFT_RATIO, "guard" => name.clone()).set(drift);
+        gauge!(GENERATIONS, "guard" => name.clone()).set(stats.generations as f64);
+        gauge!(MEMORY_BYTES, "guard" => name).set(stats.memory_bytes as f64);
+    }
+}
+
+/// Records a finished rebuild attempt's duration.
+pub(crate) fn record_rebuild(guard: &str, report: &RebuildReport) {
+    let outcome = match report.outcome {
+        RebuildOutcome::Succeeded => "succeeded",
+        RebuildOutcome::Failed => "failed",
+        RebuildOutcome::TimedOut => "timed_out",
+        RebuildOutcome::Cancelled => "cancelled",
+    };
+    histogram!(REBUILD_DURATION_SECONDS, "guard" => guard.to_owned(), "outcome" => outcome)
+        .record(report.duration.as_secs_f64());
+}

@@ -1,0 +1,712 @@
+//! The guard's lifecycle: rebuild, rotation, growth, warming, drift, staleness,
+//! cancellation — each judged first by the one rule (no false negatives).
+
+mod common;
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bloomguard::source::{self, KeyBatch, KeySource, KeyStream, SourceError};
+use bloomguard::{ConfigError, Guard, Lifecycle, Rebuild, RebuildError, RebuildOutcome, Verdict};
+use common::{absent_keys, keys, three_sigma_limit};
+use futures_core::Stream;
+
+/// An in-memory store, shared by writers and the key source.
+type Store = Arc<RwLock<HashSet<Vec<u8>>>>;
+
+fn store_with(keys: &[String]) -> Store {
+    Arc::new(RwLock::new(
+        keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+    ))
+}
+
+fn source_of(store: &Store) -> impl KeySource + use<> {
+    let listed = Arc::clone(store);
+    source::from_fn(move || listed.read().unwrap().iter().cloned().collect::<Vec<_>>())
+}
+
+/// Polls `condition` every 10 ms for up to 30 s: generous, so a slow machine
+/// only makes the test slower, never wrong.
+async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A source that yields `inner`'s batches with a pause before each, and can
+/// be told to fail after some batches or to hang.
+struct ScriptedSource {
+    inner: Box<dyn KeySource>,
+    pause: Duration,
+    /// Batches after which the next scans fail; `NEVER` for none.
+    fail_after_batches: AtomicUsize,
+    /// Batches after which the next scans hang; `NEVER` for none.
+    hang_after_batches: AtomicUsize,
+}
+
+const NEVER: usize = usize::MAX;
+
+impl ScriptedSource {
+    fn new(inner: impl KeySource) -> Self {
+        Self::pausing(inner, Duration::ZERO)
+    }
+
+    fn pausing(inner: impl KeySource, pause: Duration) -> Self {
+        Self {
+            inner: Box::new(inner),
+            pause,
+            fail_after_batches: AtomicUsize::new(NEVER),
+            hang_after_batches: AtomicUsize::new(NEVER),
+        }
+    }
+}
+
+impl KeySource for ScriptedSource {
+    fn scan(&self) -> KeyStream<'_> {
+        Box::pin(ScriptedStream {
+            inner: self.inner.scan(),
+            pause: self.pause,
+            sleep: None,
+            yielded: 0,
+            fail_after: self.fail_after_batches.load(Ordering::SeqCst),
+            hang_after: self.hang_after_batches.load(Ordering::SeqCst),
+        })
+    }
+}
+
+struct ScriptedStream<'a> {
+    inner: KeyStream<'a>,
+    pause: Duration,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    yielded: usize,
+    fail_after: usize,
+    hang_after: usize,
+}
+
+impl Stream for ScriptedStream<'_> {
+    type Item = Result<KeyBatch, SourceError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.fail_after == self.yielded {
+            return Poll::Ready(Some(Err(SourceError::new("connection reset by peer"))));
+        }
+        if self.hang_after == self.yielded {
+            return Poll::Pending;
+        }
+        if !self.pause.is_zero() {
+            let pause = self.pause;
+            let sleep = self
+                .sleep
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(pause)));
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.sleep = None;
+        }
+        let next = self.inner.as_mut().poll_next(cx);
+        if let Poll::Ready(Some(Ok(_))) = next {
+            self.yielded += 1;
+        }
+        next
+    }
+}
+
+fn assert_all_present(guard: &Guard, keys: &[String], when: &str) {
+    let missing = keys
+        .iter()
+        .filter(|k| guard.check(k.as_bytes()) == Verdict::Absent)
+        .count();
+    assert_eq!(missing, 0, "{missing} false negatives {when}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_false_negatives_across_rebuilds_with_concurrent_writers() {
+    let initial = keys(0, 200_000);
+    let store = store_with(&initial);
+    // ~50 batches with a pause before each: the scan overlaps the writers.
+    let source = ScriptedSource::pausing(source_of(&store), Duration::from_millis(2));
+    let guard = Guard::builder()
+        .name("rebuild")
+        .expected_items(100_000)
+        .source(source)
+        .rebuild(Rebuild::manual().write_settle(Duration::from_millis(20)))
+        .build()
+        .unwrap();
+    guard.rebuild().await.unwrap();
+    assert_all_present(&guard, &initial, "after the first build");
+
+    let writing = Arc::new(AtomicBool::new(true));
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let (guard, store, writing) = (guard.clone(), Arc::clone(&store), Arc::clone(&writing));
+            std::thread::spawn(move || {
+                let mut written = Vec::new();
+                let mut n = 1_000_000 + w * 10_000_000;
+                while writing.load(Ordering::Relaxed) || written.len() < 20_000 {
+                    let key = keys(n, 1).pop().unwrap();
+                    guard.insert(&key); // the ordering rule: guard first,
+                    store.write().unwrap().insert(key.as_bytes().to_vec()); // then the store
+                    written.push(key);
+                    n += 1;
+                }
+                written
+            })
+        })
+        .collect();
+
+    let mut generations = HashSet::new();
+    for _ in 0..3 {
+        let report = guard.rebuild().await.unwrap();
+        assert_eq!(report.outcome, RebuildOutcome::Succeeded);
+        generations.insert(guard.stats().generation);
+    }
+    writing.store(false, Ordering::Relaxed);
+    let mut written = Vec::new();
+    for writer in writers {
+        written.extend(writer.join().unwrap());
+    }
+    assert!(written.len() >= 40_000);
+    assert_eq!(
+        generations.len(),
+        3,
+        "every rebuild swapped a new filter in"
+    );
+    assert_all_present(&guard, &initial, "inserted before the rebuilds");
+    assert_all_present(&guard, &written, "inserted during and between the rebuilds");
+
+    // And a rebuild after the writers stopped reads them all from the store.
+    let report = guard.rebuild().await.unwrap();
+    assert_eq!(report.keys as usize, initial.len() + written.len());
+    assert_all_present(&guard, &written, "after a final rebuild");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_write_holds_the_rebuild_until_it_lands() {
+    let store = store_with(&[]);
+    let guard = Guard::builder()
+        .expected_items(1_000)
+        .source(source_of(&store))
+        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
+        .build()
+        .unwrap();
+    guard.rebuild().await.unwrap();
+
+    let pending = guard.begin_write("slow:write");
+    let rebuilding = tokio::spawn({
+        let guard = guard.clone();
+        async move { guard.rebuild().await }
+    });
+    wait_until("the rebuild to install its filter", || {
+        guard.stats().rebuilding
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !rebuilding.is_finished(),
+        "the rebuild must not read the source while a write is pending"
+    );
+    store.write().unwrap().insert(b"slow:write".to_vec());
+    drop(pending);
+    rebuilding.await.unwrap().unwrap();
+    assert_eq!(guard.check("slow:write"), Verdict::MaybePresent);
+
+    // insert_then_write covers the write the same way.
+    let written = guard
+        .insert_then_write("fast:write", async {
+            store.write().unwrap().insert(b"fast:write".to_vec())
+        })
+        .await;
+    assert!(written);
+    guard.rebuild().await.unwrap();
+    assert_eq!(guard.check("fast:write"), Verdict::MaybePresent);
+}
+
+#[tokio::test]
+async fn a_failing_source_leaves_the_old_filter_serving() {
+    let initial = keys(0, 20_000);
+    let store = store_with(&initial);
+    let source = Arc::new(ScriptedSource::new(source_of(&store)));
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .source(Arc::clone(&source))
+        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
+        .build()
+        .unwrap();
+    guard.rebuild().await.unwrap();
+    let generation = guard.stats().generation;
+
+    source.fail_after_batches.store(2, Ordering::SeqCst);
+    let error = guard.rebuild().await.unwrap_err();
+    assert!(matches!(error, RebuildError::Source(_)), "{error}");
+    assert!(error.to_string().contains("connection reset"), "{error}");
+    let stats = guard.stats();
+    assert_eq!(stats.rebuilds.failed, 1);
+    assert_eq!(stats.generation, generation, "no swap after a failure");
+    assert!(!stats.rebuilding, "the abandoned filter is gone");
+    assert_eq!(
+        stats.last_rebuild.as_ref().map(|r| r.outcome),
+        Some(RebuildOutcome::Failed)
+    );
+    assert_all_present(&guard, &initial, "after a failed rebuild");
+
+    source.fail_after_batches.store(NEVER, Ordering::SeqCst);
+    guard.rebuild().await.unwrap();
+    assert_eq!(guard.stats().rebuilds.succeeded, 2);
+    assert_all_present(&guard, &initial, "after a later rebuild");
+}
+
+#[tokio::test]
+async fn a_hanging_source_times_out_and_a_later_rebuild_succeeds() {
+    let initial = keys(0, 20_000);
+    let store = store_with(&initial);
+    let source = Arc::new(ScriptedSource::new(source_of(&store)));
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .source(Arc::clone(&source))
+        .rebuild(
+            Rebuild::manual()
+                .write_settle(Duration::ZERO)
+                .timeout(Duration::from_millis(300)),
+        )
+        .build()
+        .unwrap();
+    guard.rebuild().await.unwrap();
+
+    source.hang_after_batches.store(1, Ordering::SeqCst);
+    let error = guard.rebuild().await.unwrap_err();
+    assert!(matches!(error, RebuildError::TimedOut(_)), "{error}");
+    let stats = guard.stats();
+    assert_eq!(stats.rebuilds.timed_out, 1);
+    assert!(!stats.rebuilding);
+    assert_all_present(&guard, &initial, "after a timed-out rebuild");
+
+    source.hang_after_batches.store(NEVER, Ordering::SeqCst);
+    guard.rebuild().await.unwrap();
+    assert_all_present(&guard, &initial, "after a later rebuild");
+}
+
+#[tokio::test]
+async fn a_dropped_rebuild_is_counted_as_cancelled() {
+    let initial = keys(0, 50_000);
+    let store = store_with(&initial);
+    let source = ScriptedSource::pausing(source_of(&store), Duration::from_millis(20));
+    let guard = Guard::builder()
+        .expected_items(50_000)
+        .source(source)
+        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
+        .build()
+        .unwrap();
+    guard.rebuild().await.unwrap();
+
+    let cancelled = tokio::time::timeout(Duration::from_millis(50), guard.rebuild()).await;
+    assert!(cancelled.is_err(), "the rebuild was still streaming");
+    let stats = guard.stats();
+    assert_eq!(stats.rebuilds.cancelled, 1);
+    assert!(!stats.rebuilding);
+    assert_all_present(&guard, &initial, "after a cancelled rebuild");
+}
+
+#[tokio::test]
+async fn a_source_larger_than_guessed_is_read_again_at_its_size() {
+    let initial = keys(0, 60_000);
+    let store = store_with(&initial);
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .source(source_of(&store))
+        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
+        .build()
+        .unwrap();
+    let report = guard.rebuild().await.unwrap();
+    assert_eq!((report.passes, report.keys), (2, 60_000));
+    assert_eq!(
+        report.capacity, 90_000,
+        "counted × the default headroom of 1.5"
+    );
+    let stats = guard.stats();
+    assert!(stats.estimated_fpr <= stats.target_fpr, "{stats:?}");
+    assert_all_present(&guard, &initial, "after a two-pass rebuild");
+}
+
+#[tokio::test]
+async fn warming_never_answers_absent() {
+    let initial = keys(0, 20_000);
+    let store = store_with(&initial);
+    let source = ScriptedSource::pausing(source_of(&store), Duration::from_millis(30));
+    let guard = Guard::builder()
+        .expected_items(20_000)
+        .source(source)
+        .build()
+        .unwrap();
+    assert!(guard.is_warming());
+    let probes = absent_keys(0, 1_000);
+    for key in &probes {
+        assert_eq!(guard.check(key), Verdict::Warming);
+    }
+    guard.insert("inserted:while:warming");
+    store
+        .write()
+        .unwrap()
+        .insert(b"inserted:while:warming".to_vec());
+
+    let maintenance = guard.spawn_maintenance();
+    // While the first build streams, every answer is still Warming.
+    while guard.is_warming() {
+        for key in probes.iter().take(50) {
+            assert_ne!(guard.check(key), Verdict::Absent);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    maintenance.shutdown().await;
+    assert_all_present(&guard, &initial, "after the first build");
+    assert_eq!(guard.check("inserted:while:warming"), Verdict::MaybePresent);
+    let absent = probes.iter().filter(|k| guard.check(k).is_absent()).count();
+    assert!(absent > 950, "the built filter answers absent: {absent}");
+    let stats = guard.stats();
+    assert!(stats.checks.warming >= 1_000);
+    assert_eq!(stats.rebuilds.succeeded, 1);
+}
+
+#[test]
+fn rotation_forgets_keys_older_than_the_window_in_bounded_memory() {
+    let generations = 3;
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .lifecycle(Lifecycle::rotate(generations, Duration::from_secs(3600)))
+        .seed(7)
+        .build()
+        .unwrap();
+    let windows: Vec<Vec<String>> = (0..6).map(|w| keys(w * 10_000, 10_000)).collect();
+    let memory = guard.stats().memory_bytes;
+
+    for (age, window) in windows.iter().enumerate() {
+        for key in window {
+            guard.insert(key);
+        }
+        // Every window inserted in the last `generations` periods is present.
+        for recent in windows[age.saturating_sub(generations - 1)..=age].iter() {
+            assert_all_present(&guard, recent, "inside the window");
+        }
+        // Windows older than that are gone, up to false positives.
+        for old in windows[..age.saturating_sub(generations - 1)].iter() {
+            let still = old.iter().filter(|k| !guard.check(k).is_absent()).count();
+            let limit = three_sigma_limit(0.01, old.len()) * old.len() as f64;
+            assert!((still as f64) <= limit, "{still} old keys still present");
+        }
+        guard.rotate().unwrap();
+        let stats = guard.stats();
+        assert!(stats.generations <= generations);
+    }
+    for _ in 0..100 {
+        guard.rotate().unwrap();
+    }
+    let stats = guard.stats();
+    assert_eq!(stats.generations, generations);
+    assert!(
+        stats.memory_bytes <= generations * memory,
+        "{} bytes after many rotations, one generation is {memory}",
+        stats.memory_bytes
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_maintenance_task_rotates_on_time() {
+    let period = Duration::from_secs(60);
+    let guard = Guard::builder()
+        .expected_items(1_000)
+        .lifecycle(Lifecycle::rotate(2, period))
+        .build()
+        .unwrap();
+    let maintenance = guard.spawn_maintenance();
+    let first = guard.stats().generation;
+    guard.insert("old");
+    tokio::time::sleep(period + Duration::from_secs(1)).await;
+    assert_eq!(guard.stats().generation, first + 1);
+    assert_eq!(guard.check("old"), Verdict::MaybePresent, "one period old");
+    guard.insert("young");
+    tokio::time::sleep(period).await;
+    assert_eq!(guard.stats().generation, first + 2);
+    assert_eq!(guard.check("old"), Verdict::Absent, "two periods old: gone");
+    assert_eq!(guard.check("young"), Verdict::MaybePresent);
+    maintenance.shutdown().await;
+}
+
+#[test]
+fn growth_keeps_the_compound_fpr_under_target() {
+    let target = 0.01;
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .false_positive_rate(target)
+        .lifecycle(Lifecycle::grow(2.0))
+        .build()
+        .unwrap();
+    let inserted = keys(0, 100_000);
+    for key in &inserted {
+        guard.insert(key);
+    }
+    let stats = guard.stats();
+    assert!(stats.generations >= 4, "grew: {stats:?}");
+    assert!(stats.capacity >= 100_000, "{stats:?}");
+    assert!(stats.estimated_fpr <= target, "{stats:?}");
+    assert_all_present(&guard, &inserted, "after growing");
+
+    let probes = absent_keys(0, 200_000);
+    let false_positives = probes
+        .iter()
+        .filter(|k| !guard.check(k).is_absent())
+        .count();
+    let measured = false_positives as f64 / probes.len() as f64;
+    assert!(
+        measured <= three_sigma_limit(target, probes.len()),
+        "compound FPR {measured} over the target {target}"
+    );
+}
+
+#[test]
+fn an_overfilled_guard_without_growth_reports_drift() {
+    let guard = Guard::builder().expected_items(10_000).build().unwrap();
+    for key in keys(0, 40_000) {
+        guard.insert(key);
+    }
+    let stats = guard.stats();
+    assert!(stats.estimated_drift > 2.0, "{stats:?}");
+    assert!(stats.estimated_items > 30_000.0, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_triggers_a_rebuild_that_restores_the_target() {
+    let store = store_with(&[]);
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .source(source_of(&store))
+        .rebuild(
+            Rebuild::when_drift_exceeds(2.0)
+                .write_settle(Duration::ZERO)
+                .retry_backoff(Duration::from_millis(10), Duration::from_millis(100)),
+        )
+        .maintenance_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    guard.rebuild().await.unwrap();
+    let overfill = keys(0, 50_000);
+    for key in &overfill {
+        guard.insert(key);
+        store.write().unwrap().insert(key.as_bytes().to_vec());
+    }
+    assert!(guard.stats().estimated_drift > 2.0);
+    let maintenance = guard.spawn_maintenance();
+    wait_until("a drift rebuild", || guard.stats().rebuilds.succeeded >= 2).await;
+    let stats = guard.stats();
+    assert!(
+        stats.estimated_fpr <= stats.target_fpr,
+        "after the drift rebuild: {stats:?}"
+    );
+    assert!(stats.capacity >= 50_000);
+    assert_all_present(&guard, &overfill, "after the drift rebuild");
+    maintenance.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removals_past_the_threshold_trigger_a_rebuild() {
+    let initial = keys(0, 1_000);
+    let store = store_with(&initial);
+    let guard = Guard::builder()
+        .expected_items(1_000)
+        .source(source_of(&store))
+        .rebuild(
+            Rebuild::manual()
+                .when_removed_exceeds(0.1)
+                .write_settle(Duration::ZERO),
+        )
+        .maintenance_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    guard.rebuild().await.unwrap();
+    let maintenance = guard.spawn_maintenance();
+    for key in &initial[..150] {
+        store.write().unwrap().remove(key.as_bytes());
+        guard.note_removed(key);
+    }
+    wait_until("a removal rebuild", || {
+        guard.stats().rebuilds.succeeded >= 2
+    })
+    .await;
+    let stats = guard.stats();
+    assert_eq!(stats.removed_since_rebuild, 0);
+    assert_eq!(stats.last_rebuild.unwrap().keys, 850);
+    let forgotten = initial[..150]
+        .iter()
+        .filter(|k| guard.check(k).is_absent())
+        .count();
+    assert!(
+        forgotten > 130,
+        "removed keys are gone after the rebuild: {forgotten}"
+    );
+    maintenance.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_staleness_check_catches_writes_that_bypassed_the_guard() {
+    let store = store_with(&keys(0, 1_000));
+    let verified = Arc::clone(&store);
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .source(source_of(&store))
+        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
+        .staleness_check(1.0, move |key| {
+            let found = verified.read().unwrap().contains(&key);
+            async move { Ok(found) }
+        })
+        .maintenance_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let maintenance = guard.spawn_maintenance();
+    wait_until("the first build", || !guard.is_warming()).await;
+
+    // A writer that forgot the guard.
+    store.write().unwrap().insert(b"bypassed:1".to_vec());
+    assert_eq!(guard.check("bypassed:1"), Verdict::Absent);
+    wait_until("the stale negative to be found", || {
+        guard.stats().stale_negatives >= 1
+    })
+    .await;
+    wait_until("the stale rebuild", || {
+        guard.check("bypassed:1") == Verdict::MaybePresent
+    })
+    .await;
+    let stats = guard.stats();
+    assert_eq!(stats.stale_negatives, 1);
+    assert!(stats.rebuilds.succeeded >= 2);
+
+    // Keys that really are absent are not reported.
+    for key in absent_keys(0, 100) {
+        let _ = guard.check(key);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(guard.stats().stale_negatives, 1);
+    maintenance.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_maintenance_task_ends_with_its_handle_or_its_guard() {
+    let guard = Guard::builder().expected_items(1_000).build().unwrap();
+    let handle = guard.spawn_maintenance();
+    assert!(!handle.is_finished());
+    handle.shutdown().await;
+
+    let handle = guard.spawn_maintenance();
+    drop(guard);
+    wait_until("the task to see the guard gone", || handle.is_finished()).await;
+}
+
+#[test]
+fn stats_count_checks_outcomes_and_pass_through() {
+    let guard = Guard::builder()
+        .name("stats")
+        .expected_items(10_000)
+        .build()
+        .unwrap();
+    for key in keys(0, 1_000) {
+        guard.insert(key);
+    }
+    for key in keys(0, 100) {
+        assert_eq!(guard.check(&key), Verdict::MaybePresent);
+        guard.record_outcome(&key, true);
+    }
+    let mut false_positives = 0;
+    for key in absent_keys(0, 900) {
+        if guard.check(&key) == Verdict::MaybePresent {
+            guard.record_outcome(&key, false);
+            false_positives += 1;
+        }
+    }
+    let stats = guard.stats();
+    assert_eq!(stats.name, "stats");
+    assert_eq!(stats.inserts, 1_000);
+    assert_eq!(stats.checks.total(), 1_000);
+    assert_eq!(stats.checks.maybe_present, 100 + false_positives);
+    assert_eq!(stats.found, 100);
+    assert_eq!(stats.false_positives, false_positives);
+    let expected_pass = (100 + false_positives) as f64 / 1_000.0;
+    assert!((stats.pass_through_ratio - expected_pass).abs() < 1e-12);
+    let observed = false_positives as f64 / 900.0;
+    assert!((stats.observed_fpr.unwrap() - observed).abs() < 1e-12);
+    assert!((stats.observed_drift.unwrap() - observed / 0.01).abs() < 1e-9);
+    assert!((stats.estimated_items - 1_000.0).abs() < 50.0, "{stats:?}");
+    assert!(stats.estimated_fpr < 0.01 && stats.fill_ratio > 0.0);
+    assert_eq!(stats.generations, 1);
+    assert!(stats.memory_bytes >= 10_000 * 9 / 8);
+}
+
+#[test]
+fn bad_options_are_named_errors() {
+    let out_of_range = |result: Result<Guard, ConfigError>| match result {
+        Err(ConfigError::OutOfRange { parameter, .. }) => parameter,
+        other => panic!("expected OutOfRange, got {other:?}"),
+    };
+    assert_eq!(
+        out_of_range(Guard::builder().false_positive_rate(1.5).build()),
+        "false_positive_rate"
+    );
+    assert_eq!(
+        out_of_range(Guard::builder().expected_items(0).build()),
+        "expected_items"
+    );
+    assert_eq!(
+        out_of_range(
+            Guard::builder()
+                .lifecycle(Lifecycle::rotate(1, Duration::from_secs(1)))
+                .build()
+        ),
+        "generations"
+    );
+    assert_eq!(
+        out_of_range(Guard::builder().lifecycle(Lifecycle::grow(0.5)).build()),
+        "expansion"
+    );
+    assert_eq!(
+        out_of_range(
+            Guard::builder()
+                .rebuild(Rebuild::when_drift_exceeds(0.5))
+                .build()
+        ),
+        "drift threshold"
+    );
+    assert_eq!(
+        out_of_range(
+            Guard::builder()
+                .staleness_check(0.0, |_| async { Ok(false) })
+                .build()
+        ),
+        "staleness fraction"
+    );
+    assert!(matches!(
+        Guard::builder().expected_items(u64::MAX / 2).build(),
+        Err(ConfigError::TooLarge { .. })
+    ));
+}
+
+#[tokio::test]
+async fn rebuild_without_a_source_is_an_error() {
+    let guard = Guard::builder().build().unwrap();
+    assert!(matches!(guard.rebuild().await, Err(RebuildError::NoSource)));
+}
+
+#[test]
+fn a_guard_is_send_sync_and_cheap_to_clone() {
+    fn assert_send_sync<T: Send + Sync + Clone + 'static>() {}
+    assert_send_sync::<Guard>();
+    let guard = Guard::builder().build().unwrap();
+    let clone = guard.clone();
+    clone.insert("shared");
+    assert_eq!(guard.check("shared"), Verdict::MaybePresent);
+}

@@ -15,7 +15,10 @@ use std::hint::black_box;
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
+mod common;
+
 use bloomguard::AtomicBloom;
+use common::{KeySet, bench_sizes, label};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -24,50 +27,6 @@ const TARGET_FPR: f64 = 0.01;
 const CHUNK: usize = 64;
 const ABSENT_KEYS: usize = 4_000_000;
 const FPR_PROBES: usize = 1_000_000;
-
-// ---- keys ----
-
-/// Keys stored back to back, so that walking them costs the same for everyone.
-struct KeySet {
-    bytes: Vec<u8>,
-    ends: Vec<u32>,
-}
-
-impl KeySet {
-    /// `count` distinct keys of 16–40 bytes, shaped like `user:…:item:…`.
-    fn generate(prefix: &str, count: usize, seed: u64) -> Self {
-        let mut bytes = Vec::with_capacity(count * 28);
-        let mut ends = Vec::with_capacity(count);
-        let mut state = seed;
-        for i in 0..count {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let target_len = 16 + (state >> 59) as usize % 25;
-            let start = bytes.len();
-            bytes.extend_from_slice(format!("{prefix}:{}:item:{i}", i % 99_991).as_bytes());
-            while bytes.len() - start < target_len {
-                bytes.push(b'a' + (bytes.len() % 26) as u8);
-            }
-            ends.push(u32::try_from(bytes.len()).expect("key bytes fit in u32 offsets"));
-        }
-        Self { bytes, ends }
-    }
-
-    fn len(&self) -> usize {
-        self.ends.len()
-    }
-
-    #[inline]
-    fn get(&self, i: usize) -> &[u8] {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        &self.bytes[start..self.ends[i] as usize]
-    }
-
-    fn slices(&self) -> Vec<&[u8]> {
-        (0..self.len()).map(|i| self.get(i)).collect()
-    }
-}
 
 // ---- contenders ----
 
@@ -515,28 +474,6 @@ fn multi_thread(c: &mut Criterion, workload: &Workload) {
     group.finish();
 }
 
-fn label(n: usize) -> String {
-    if n.is_multiple_of(1_000_000) {
-        format!("{}M", n / 1_000_000)
-    } else {
-        n.to_string()
-    }
-}
-
-fn sizes() -> Vec<usize> {
-    let spec = std::env::var("BLOOMGUARD_BENCH_SIZES").unwrap_or_else(|_| "1M,10M,32M".into());
-    spec.split(',')
-        .map(|s| {
-            let s = s.trim();
-            let (digits, scale) = s.strip_suffix('M').map_or((s, 1), |d| (d, 1_000_000));
-            digits
-                .parse::<usize>()
-                .expect("BLOOMGUARD_BENCH_SIZES: counts like 1M,10M")
-                * scale
-        })
-        .collect()
-}
-
 fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     let mut accuracy = vec![
@@ -544,14 +481,14 @@ fn main() {
         "|---|---:|---:|---:|".to_string(),
     ];
     let mut absent = KeySet::generate("absent", ABSENT_KEYS, 2);
-    for n in sizes() {
+    for n in bench_sizes("1M,10M,32M") {
         let workload = Workload {
             n,
             present: KeySet::generate("user", n, 1),
             absent,
         };
         single_thread(&mut criterion, &workload, &mut accuracy);
-        if n == 10_000_000 || sizes().len() == 1 {
+        if n == 10_000_000 || bench_sizes("1M,10M,32M").len() == 1 {
             multi_thread(&mut criterion, &workload);
         }
         absent = workload.absent;

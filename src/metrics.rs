@@ -13,8 +13,6 @@
 //! # Ok::<(), bloomguard::ConfigError>(())
 //! ```
 
-use std::sync::Once;
-
 use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
@@ -50,9 +48,9 @@ pub const GENERATIONS: &str = "bloomguard_generations";
 /// Bytes of the filters.
 pub const MEMORY_BYTES: &str = "bloomguard_memory_bytes";
 
-/// Describes every metric (name, unit, help) to the installed recorder.
-/// [`Guard::publish_metrics`] calls it once; call it yourself after
-/// installing a recorder later.
+/// Describes every metric (name, unit, help) to the installed recorder;
+/// [`Guard::publish_metrics`] calls it each time, so a recorder installed
+/// late still learns the units.
 pub fn describe() {
     describe_counter!(CHECKS_TOTAL, Unit::Count, "Guard checks, by verdict");
     describe_counter!(INSERTS_TOTAL, Unit::Count, "Keys inserted into the guard");
@@ -109,8 +107,7 @@ pub fn describe() {
 impl Guard {
     /// Publishes the guard's statistics to the installed `metrics` recorder.
     pub fn publish_metrics(&self) {
-        static DESCRIBED: Once = Once::new();
-        DESCRIBED.call_once(describe);
+        describe();
         let stats = self.stats();
         let name = stats.name.clone();
         for (verdict, value) in [

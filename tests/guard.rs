@@ -710,3 +710,68 @@ fn a_guard_is_send_sync_and_cheap_to_clone() {
     clone.insert("shared");
     assert_eq!(guard.check("shared"), Verdict::MaybePresent);
 }
+
+#[tokio::test]
+async fn readers_and_batches_answer_as_check_does_across_swaps() {
+    let initial = keys(0, 20_000);
+    let store = store_with(&initial);
+    let guard = Guard::builder()
+        .expected_items(40_000)
+        .source(source_of(&store))
+        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
+        .build()
+        .unwrap();
+    let mut reader = guard.reader();
+    assert_eq!(reader.check(&initial[0]), Verdict::Warming);
+    let mut verdicts = vec![Verdict::Absent; 3];
+    guard.check_many(&initial[..3], &mut verdicts);
+    assert_eq!(verdicts, [Verdict::Warming; 3]);
+
+    guard.rebuild().await.unwrap();
+    // The reader's cached filters were replaced: it must see the new ones.
+    let later = keys(100_000, 1_000);
+    for key in &later {
+        guard.insert(key);
+    }
+    for key in initial.iter().chain(&later) {
+        assert_eq!(reader.check(key), Verdict::MaybePresent, "{key}");
+    }
+    let probes: Vec<String> = initial
+        .iter()
+        .take(500)
+        .cloned()
+        .chain(absent_keys(0, 500))
+        .collect();
+    let mut batch = vec![Verdict::Warming; probes.len()];
+    guard.check_many(&probes, &mut batch);
+    let one_by_one: Vec<Verdict> = probes.iter().map(|k| guard.check(k)).collect();
+    assert_eq!(batch, one_by_one);
+    assert!(batch[..500].iter().all(|v| *v == Verdict::MaybePresent));
+
+    // With several generations the batch ORs them like check does.
+    let rotating = Guard::builder()
+        .expected_items(1_000)
+        .lifecycle(Lifecycle::rotate(3, Duration::from_secs(60)))
+        .build()
+        .unwrap();
+    let (older, newer) = (keys(0, 500), keys(500, 500));
+    older.iter().for_each(|k| rotating.insert(k));
+    rotating.rotate().unwrap();
+    newer.iter().for_each(|k| rotating.insert(k));
+    let both: Vec<&String> = older.iter().chain(&newer).collect();
+    let mut verdicts = vec![Verdict::Absent; both.len()];
+    rotating.check_many(&both, &mut verdicts);
+    assert!(verdicts.iter().all(|v| *v == Verdict::MaybePresent));
+
+    reader.flush();
+    let before = guard.stats().checks.total();
+    for key in &probes[..10] {
+        let _ = reader.check(key);
+    }
+    drop(reader);
+    assert_eq!(
+        guard.stats().checks.total(),
+        before + 10,
+        "a dropped reader flushes its counts"
+    );
+}

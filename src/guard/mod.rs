@@ -33,6 +33,7 @@
 mod live;
 mod maintenance;
 mod policy;
+mod reader;
 mod rebuild;
 pub mod source;
 mod staleness;
@@ -57,6 +58,7 @@ use live::{Generation, LiveSet};
 pub use maintenance::MaintenanceHandle;
 use policy::MAX_GROWN_FILTERS;
 pub use policy::{Lifecycle, Rebuild};
+pub use reader::GuardReader;
 pub use rebuild::{RebuildError, RebuildOutcome, RebuildReport};
 pub use source::{KeySource, SourceError};
 use staleness::{StalenessCheck, StalenessSampler, Verifier};
@@ -130,24 +132,85 @@ impl Guard {
 
     /// Whether `key` may be in the store. One `ArcSwap` load plus the
     /// filter probes; no lock, and no allocation unless the staleness check
-    /// samples this answer.
+    /// samples this answer. For hot loops, a [`GuardReader`] saves the
+    /// load's protection protocol, and [`check_many`](Self::check_many) pays
+    /// it once for many keys.
     #[inline]
     pub fn check(&self, key: impl AsRef<[u8]>) -> Verdict {
         let key = key.as_ref();
-        let verdict = self.peek(key);
-        self.inner.counters.add(Counter::for_verdict(verdict), 1);
-        if verdict == Verdict::Absent
-            && let Some(sampler) = &self.inner.staleness
-        {
-            sampler.maybe_sample(key);
-        }
+        let verdict = self.verdict_in(&self.inner.live.load(), key);
+        self.count_check(verdict, key);
         verdict
     }
 
-    /// The verdict for `key`, neither counted nor sampled.
+    /// [`check`](Self::check) for many keys at once, writing `out[i]` for
+    /// `keys[i]`: one load of the live filters for all of them, and the
+    /// keys' memory accesses overlapped (hashed and prefetched in groups).
+    /// The seen-items gate checks its ~120 candidates per request this way.
+    ///
+    /// ```
+    /// use bloomguard::{Guard, Verdict};
+    ///
+    /// let guard = Guard::builder().expected_items(1_000).build()?;
+    /// guard.insert("user:1:item:2");
+    /// let mut verdicts = [Verdict::Warming; 2];
+    /// guard.check_many(&["user:1:item:2", "user:1:item:3"], &mut verdicts);
+    /// assert_eq!(verdicts[0], Verdict::MaybePresent);
+    /// # Ok::<(), bloomguard::ConfigError>(())
+    /// ```
+    ///
+    /// # Panics
+    /// If `out` is shorter than `keys`.
+    pub fn check_many<K: AsRef<[u8]>>(&self, keys: &[K], out: &mut [Verdict]) {
+        self.check_many_in(&self.inner.live.load(), keys, out);
+    }
+
+    pub(crate) fn check_many_in<K: AsRef<[u8]>>(
+        &self,
+        live: &LiveSet,
+        keys: &[K],
+        out: &mut [Verdict],
+    ) {
+        assert!(
+            out.len() >= keys.len(),
+            "check_many: {} verdicts for {} keys",
+            out.len(),
+            keys.len()
+        );
+        const GROUP: usize = 64;
+        let mut hashes = [0u64; GROUP];
+        let mut present = [false; GROUP];
+        let mut in_generation = [false; GROUP];
+        for (keys, out) in keys.chunks(GROUP).zip(out.chunks_mut(GROUP)) {
+            let n = keys.len();
+            if live.generations.is_empty() {
+                out[..n].fill(Verdict::Warming);
+            } else {
+                for (hash, key) in hashes.iter_mut().zip(keys) {
+                    *hash = hash_key(key.as_ref(), self.inner.seed);
+                }
+                present[..n].fill(false);
+                for generation in live.generations.iter().rev() {
+                    generation
+                        .filter
+                        .contains_many_hashed(&hashes[..n], &mut in_generation[..n]);
+                    for (any, this) in present.iter_mut().zip(&in_generation[..n]) {
+                        *any |= *this;
+                    }
+                }
+                for (verdict, &maybe) in out.iter_mut().zip(&present[..n]) {
+                    *verdict = present_if(maybe);
+                }
+            }
+            for (verdict, key) in out.iter().zip(keys) {
+                self.count_check(*verdict, key.as_ref());
+            }
+        }
+    }
+
+    /// The verdict for `key` in `live`, neither counted nor sampled.
     #[inline]
-    fn peek(&self, key: &[u8]) -> Verdict {
-        let live = self.inner.live.load();
+    pub(crate) fn verdict_in(&self, live: &LiveSet, key: &[u8]) -> Verdict {
         match live.generations.as_slice() {
             [] => Verdict::Warming,
             [only] => present_if(only.filter.contains(key)),
@@ -162,6 +225,41 @@ impl Guard {
                 )
             }
         }
+    }
+
+    /// Counts a check's verdict, and samples an `Absent` one for the staleness check.
+    #[inline]
+    fn count_check(&self, verdict: Verdict, key: &[u8]) {
+        self.count_checks(verdict, 1);
+        if verdict == Verdict::Absent {
+            self.sample_absent(key);
+        }
+    }
+
+    #[inline]
+    pub(crate) fn count_checks(&self, verdict: Verdict, checks: u64) {
+        self.inner
+            .counters
+            .add(Counter::for_verdict(verdict), checks);
+    }
+
+    /// Offers an `Absent` answer to the staleness check, if there is one.
+    #[inline]
+    pub(crate) fn sample_absent(&self, key: &[u8]) {
+        if let Some(sampler) = &self.inner.staleness {
+            sampler.maybe_sample(key);
+        }
+    }
+
+    /// The verdict for `key` now, neither counted nor sampled.
+    fn peek(&self, key: &[u8]) -> Verdict {
+        self.verdict_in(&self.inner.live.load(), key)
+    }
+
+    /// A [`GuardReader`]: checks from a cached reference to the live
+    /// filters, for one thread or one service clone.
+    pub fn reader(&self) -> GuardReader {
+        GuardReader::new(self)
     }
 
     /// Records that `key` is about to be written to the store. Call it

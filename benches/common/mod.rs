@@ -1,0 +1,68 @@
+//! Keys and settings shared by the benchmarks.
+
+#![allow(dead_code)]
+
+/// Keys stored back to back, so that walking them costs the same for everyone.
+pub(crate) struct KeySet {
+    bytes: Vec<u8>,
+    ends: Vec<u32>,
+}
+
+impl KeySet {
+    /// `count` distinct keys of 16–40 bytes, shaped like `user:…:item:…`.
+    pub(crate) fn generate(prefix: &str, count: usize, seed: u64) -> Self {
+        let mut bytes = Vec::with_capacity(count * 28);
+        let mut ends = Vec::with_capacity(count);
+        let mut state = seed;
+        for i in 0..count {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let target_len = 16 + (state >> 59) as usize % 25;
+            let start = bytes.len();
+            bytes.extend_from_slice(format!("{prefix}:{}:item:{i}", i % 99_991).as_bytes());
+            while bytes.len() - start < target_len {
+                bytes.push(b'a' + (bytes.len() % 26) as u8);
+            }
+            ends.push(u32::try_from(bytes.len()).expect("key bytes fit in u32 offsets"));
+        }
+        Self { bytes, ends }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.bytes[start..self.ends[i] as usize]
+    }
+
+    pub(crate) fn slices(&self) -> Vec<&[u8]> {
+        (0..self.len()).map(|i| self.get(i)).collect()
+    }
+}
+
+pub(crate) fn label(n: usize) -> String {
+    if n.is_multiple_of(1_000_000) {
+        format!("{}M", n / 1_000_000)
+    } else {
+        n.to_string()
+    }
+}
+
+/// Filter sizes from `BLOOMGUARD_BENCH_SIZES` (like `1M,10M`), else `default`.
+pub(crate) fn bench_sizes(default: &str) -> Vec<usize> {
+    let spec = std::env::var("BLOOMGUARD_BENCH_SIZES").unwrap_or_else(|_| default.into());
+    spec.split(',')
+        .map(|s| {
+            let s = s.trim();
+            let (digits, scale) = s.strip_suffix('M').map_or((s, 1), |d| (d, 1_000_000));
+            digits
+                .parse::<usize>()
+                .expect("BLOOMGUARD_BENCH_SIZES: counts like 1M,10M")
+                * scale
+        })
+        .collect()
+}

@@ -1,0 +1,105 @@
+//! The `metrics` feature: every statistic reaches the recorder, labelled with the guard.
+
+#![cfg(feature = "metrics")]
+
+use std::collections::HashMap;
+
+use bloomguard::metrics::{
+    CHECKS_TOTAL, DRIFT_RATIO, ESTIMATED_FPR, FALSE_POSITIVES_TOTAL, FILL_RATIO, GENERATIONS,
+    INSERTS_TOTAL, MEMORY_BYTES, OBSERVED_FPR, PASS_THROUGH_RATIO, REBUILD_DURATION_SECONDS,
+    REBUILDS_TOTAL,
+};
+use bloomguard::{Guard, source};
+use metrics::Unit;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+#[test]
+fn publish_reports_the_stats_with_the_guard_label_and_units() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let keys: Vec<String> = (0..1_000).map(|i| format!("item:{i}")).collect();
+    let listed = keys.clone();
+    let guard = Guard::builder()
+        .name("items")
+        .expected_items(10_000)
+        .source(source::from_fn(move || listed.clone()))
+        .build()
+        .unwrap();
+
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(guard.rebuild()).unwrap();
+        for key in &keys[..10] {
+            assert!(!guard.check(key).is_absent());
+        }
+        guard.record_outcome("item:0", false);
+        guard.insert("item:new");
+        guard.publish_metrics();
+    });
+
+    let snapshot = snapshotter.snapshot().into_vec();
+    let mut values = HashMap::new();
+    let mut units = HashMap::new();
+    for (key, unit, _, value) in snapshot {
+        let (_, key) = key.into_parts();
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        assert!(
+            labels.contains(&"guard=items".to_owned()),
+            "{key:?} lacks the guard label"
+        );
+        let extra: Vec<_> = labels
+            .iter()
+            .filter(|l| !l.starts_with("guard="))
+            .cloned()
+            .collect();
+        units.insert(key.name().to_owned(), unit);
+        values.insert((key.name().to_owned(), extra.join(",")), value);
+    }
+    let get = |name: &str, label: &str| values.get(&(name.to_owned(), label.to_owned()));
+    assert_eq!(
+        get(CHECKS_TOTAL, "verdict=maybe_present"),
+        Some(&DebugValue::Counter(10))
+    );
+    assert_eq!(
+        get(CHECKS_TOTAL, "verdict=absent"),
+        Some(&DebugValue::Counter(0))
+    );
+    assert_eq!(get(INSERTS_TOTAL, ""), Some(&DebugValue::Counter(1)));
+    assert_eq!(
+        get(FALSE_POSITIVES_TOTAL, ""),
+        Some(&DebugValue::Counter(1))
+    );
+    assert_eq!(
+        get(REBUILDS_TOTAL, "outcome=succeeded"),
+        Some(&DebugValue::Counter(1))
+    );
+    assert_eq!(get(GENERATIONS, ""), Some(&DebugValue::Gauge(1.0.into())));
+    assert_eq!(
+        get(OBSERVED_FPR, ""),
+        Some(&DebugValue::Gauge(1.0.into())),
+        "1 false positive, 0 absent"
+    );
+    assert_eq!(
+        get(PASS_THROUGH_RATIO, ""),
+        Some(&DebugValue::Gauge(1.0.into()))
+    );
+    for gauge in [FILL_RATIO, ESTIMATED_FPR, DRIFT_RATIO, MEMORY_BYTES] {
+        match get(gauge, "") {
+            Some(DebugValue::Gauge(value)) => assert!(value.0 > 0.0, "{gauge} = {value}"),
+            other => panic!("{gauge}: {other:?}"),
+        }
+    }
+    match get(REBUILD_DURATION_SECONDS, "outcome=succeeded") {
+        Some(DebugValue::Histogram(samples)) => assert_eq!(samples.len(), 1),
+        other => panic!("rebuild duration: {other:?}"),
+    }
+    assert_eq!(units[MEMORY_BYTES], Some(Unit::Bytes));
+    assert_eq!(units[REBUILD_DURATION_SECONDS], Some(Unit::Seconds));
+    assert_eq!(units[CHECKS_TOTAL], Some(Unit::Count));
+}

@@ -6,8 +6,10 @@
 //! BLOOMGUARD_BENCH_THREADS=1,2,4,8,16 cargo bench --bench guard
 //! ```
 //!
-//! The raw `AtomicBloom` and the guard are sized alike (1 % FPR) and hold the
-//! same keys. Each timed iteration handles 64 keys per thread.
+//! The raw paths call `AtomicBloom` directly on the guard's own filter (1 %
+//! FPR), so both sides probe the same memory. Each timed iteration handles 64 keys per thread. Before the
+//! criterion runs, an interleaved measurement of the single-thread paths is
+//! printed at the end and written to `target/criterion/guard-overhead.md`.
 
 mod common;
 
@@ -139,6 +141,76 @@ fn bench_batch(
     });
 }
 
+/// Keys per timed block of the interleaved measurement.
+const BLOCK: usize = 16_384;
+/// Rounds of the interleaved measurement; the median of each path is kept.
+const ROUNDS: usize = 301;
+
+/// A named way to check a key.
+type Path<'a> = (&'a str, &'a mut dyn FnMut(&[u8]) -> bool);
+
+/// Runs the paths one after another, round after round, and keeps each
+/// path's median ns/key. Criterion times one bench after another, so machine
+/// noise (±20 % on this VM) lands on whole benches and can swamp a
+/// difference of a few ns; interleaving spreads it over all paths alike, so
+/// the differences between medians are what the guard adds. Every timed
+/// block is a stretch of keys no path touched in the previous rounds, so no
+/// path finds the filter blocks warmed by the one before it.
+fn interleaved(keys: &KeySet, paths: &mut [Path<'_>]) -> Vec<f64> {
+    let mut samples = vec![Vec::with_capacity(ROUNDS); paths.len()];
+    let blocks = keys.len() / BLOCK;
+    let mut next_block = 0;
+    for _ in 0..ROUNDS {
+        for ((_, check), times) in paths.iter_mut().zip(&mut samples) {
+            let first = next_block % blocks * BLOCK;
+            next_block += 1;
+            let start = Instant::now();
+            for i in first..first + BLOCK {
+                black_box(check(black_box(keys.get(i))));
+            }
+            times.push(start.elapsed().as_nanos() as f64 / BLOCK as f64);
+        }
+    }
+    samples
+        .into_iter()
+        .map(|mut times| {
+            times.sort_by(f64::total_cmp);
+            times[times.len() / 2]
+        })
+        .collect()
+}
+
+/// The interleaved table for one filter size, as Markdown rows.
+fn overhead_rows(
+    n: usize,
+    absent: &KeySet,
+    present: &KeySet,
+    raw: &AtomicBloom,
+    guard: &Guard,
+) -> Vec<String> {
+    let mut rows = Vec::new();
+    for (what, keys) in [("absent", absent), ("present", present)] {
+        let mut reader = guard.reader();
+        let mut raw_path = |k: &[u8]| raw.contains(k);
+        let mut check_path = |k: &[u8]| guard.check(k).is_absent();
+        let mut reader_path = |k: &[u8]| reader.check(k).is_absent();
+        let mut paths: [Path<'_>; 3] = [
+            ("raw contains", &mut raw_path),
+            ("Guard::check", &mut check_path),
+            ("GuardReader::check", &mut reader_path),
+        ];
+        let medians = interleaved(keys, &mut paths);
+        for ((path, _), median) in paths.iter().zip(&medians) {
+            rows.push(format!(
+                "| {} | {what} | {path} | {median:.1} | {:+.1} |",
+                label(n),
+                median - medians[0]
+            ));
+        }
+    }
+    rows
+}
+
 /// Inserts in key order, restarting (untimed, on fresh filters) once all
 /// keys are in, so that both see the same fill levels.
 fn bench_inserts<T>(
@@ -174,9 +246,12 @@ fn bench_inserts<T>(
 fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     let absent = KeySet::generate("absent", ABSENT_KEYS, 2);
+    let mut overhead = vec![
+        "| n | keys | path | median ns/key | added |".to_string(),
+        "|---|---|---|---:|---:|".to_string(),
+    ];
     for n in bench_sizes("1M,10M") {
         let present = KeySet::generate("user", n, 1);
-        let raw = AtomicBloom::new(n as u64, TARGET_FPR).unwrap();
         let guard = Guard::builder()
             .expected_items(n as u64)
             .false_positive_rate(TARGET_FPR)
@@ -190,13 +265,20 @@ fn main() {
             .build()
             .unwrap();
         for i in 0..present.len() {
-            raw.insert(present.get(i));
             guard.insert(present.get(i));
             rotating.insert(present.get(i));
             if (i + 1) % (n / 3) == 0 && i + 1 < n {
                 rotating.rotate().unwrap();
             }
         }
+
+        // The raw paths probe the guard's own filter: two filters of the same
+        // size would compete for the cache, and the one used less would lose.
+        let live = guard.live_filters();
+        let raw = live
+            .newest()
+            .expect("a guard without a source has a filter");
+        overhead.extend(overhead_rows(n, &absent, &present, raw, &guard));
 
         let mut group = criterion.benchmark_group(format!("guard/n={}", label(n)));
         group
@@ -225,7 +307,7 @@ fn main() {
             1,
             || |k: &[u8]| rotating.check(k).is_absent(),
         );
-        bench_batches(&mut group, &absent, &raw, &guard);
+        bench_batches(&mut group, &absent, raw, &guard);
         bench_inserts(
             &mut group,
             "insert/1T/raw-insert",
@@ -245,4 +327,10 @@ fn main() {
         group.finish();
     }
     criterion.final_summary();
+    let table = overhead.join("\n");
+    println!("\nInterleaved, single thread ({ROUNDS} rounds of {BLOCK} keys, medians):\n{table}");
+    let path = std::path::Path::new("target/criterion/guard-overhead.md");
+    if let Err(error) = std::fs::write(path, table + "\n") {
+        eprintln!("cannot write {}: {error}", path.display());
+    }
 }

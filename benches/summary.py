@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Turns criterion's estimates for `benches/filters.rs` into the tables in BENCHMARKS.md.
+"""Turns criterion's estimates for `benches/filters.rs` and `benches/guard.rs`
+into the tables in BENCHMARKS.md.
 
     cargo bench --bench filters && python3 benches/summary.py
+    cargo bench --bench guard && python3 benches/summary.py guard
 
 Every timed iteration of that bench handles a fixed number of keys (criterion's
 "throughput"), so ns/key is the mean time divided by that count; the thread
@@ -24,11 +26,39 @@ def estimates():
         yield bench["group_id"], bench["function_id"], mean_ns, keys
 
 
+# The raw-filter path each guard path is compared with (raw-contains otherwise).
+RAW_BASELINE = {"guard-check-many": "raw-contains-many", "guard-insert": "raw-insert"}
+
+
+def guard_tables():
+    """ns per key of each guard path next to the raw filter, per size and thread count."""
+    rows = {}
+    for group, function, mean_ns, keys in estimates():
+        if not group.startswith("guard/"):
+            continue
+        what, threads, path = function.split("/")
+        count = int(threads.rstrip("T"))
+        # Each thread handled keys / count of the iteration's keys in the measured time.
+        rows.setdefault((group.split("=")[1], what, threads), {})[path] = mean_ns / (keys / count)
+    print("| n | keys | threads | path | ns/key | added vs raw |")
+    print("|---|---|---:|---|---:|---:|")
+    for (size, what, threads), paths in sorted(rows.items(), key=lambda r: (int(r[0][0].rstrip("M")), r[0][1], r[0][2])):
+        for path, ns in sorted(paths.items(), key=lambda p: (not p[0].startswith("raw"), p[0])):
+            baseline = paths.get(RAW_BASELINE.get(path, "raw-contains"))
+            added = "–" if path.startswith("raw") or baseline is None else f"{ns - baseline:+.1f}"
+            print(f"| {size} | {what} | {threads} | {path} | {ns:.1f} | {added} |")
+
+
 def main():
     if not CRITERION.exists():
         sys.exit("no criterion results: run `cargo bench --bench filters` first")
+    if sys.argv[1:] == ["guard"]:
+        guard_tables()
+        return
     single, threads = {}, {}
     for group, function, mean_ns, keys in estimates():
+        if group.startswith("guard/"):
+            continue
         if group.startswith("threads/"):
             count, contender = function.split("/", 1)
             threads.setdefault((group.split("=")[1], contender), {})[count] = keys / mean_ns * 1e3

@@ -14,6 +14,6 @@ pub use error::{ConfigError, DecodeError, IncompatibleFilters};
 pub use filter::{AtomicBloom, FORMAT_VERSION, FilterBuilder, FilterStats, Plan, plan};
 pub use guard::source::{self, KeySource, SourceError};
 pub use guard::{
-    Guard, GuardBuilder, GuardReader, GuardStats, Lifecycle, MaintenanceHandle, PendingWrite,
-    Rebuild, RebuildError, RebuildOutcome, RebuildReport, Verdict,
+    Guard, GuardBuilder, GuardReader, GuardStats, Lifecycle, LiveFilters, MaintenanceHandle,
+    PendingWrite, Rebuild, RebuildError, RebuildOutcome, RebuildReport, Verdict,
 };

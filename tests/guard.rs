@@ -775,3 +775,38 @@ async fn readers_and_batches_answer_as_check_does_across_swaps() {
         "a dropped reader flushes its counts"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_builds_are_retried_with_backoff_until_one_succeeds() {
+    let initial = keys(0, 5_000);
+    let store = store_with(&initial);
+    let source = Arc::new(ScriptedSource::new(source_of(&store)));
+    source.fail_after_batches.store(0, Ordering::SeqCst);
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .source(Arc::clone(&source))
+        .rebuild(
+            Rebuild::manual()
+                .write_settle(Duration::ZERO)
+                .retry_backoff(Duration::from_millis(20), Duration::from_millis(80)),
+        )
+        .maintenance_interval(Duration::from_millis(5))
+        .build()
+        .unwrap();
+    let maintenance = guard.spawn_maintenance();
+    wait_until("three failed first builds", || {
+        guard.stats().rebuilds.failed >= 3
+    })
+    .await;
+    assert!(guard.is_warming(), "no filter until a build succeeds");
+    assert_eq!(guard.check(&initial[0]), Verdict::Warming);
+
+    source.fail_after_batches.store(NEVER, Ordering::SeqCst);
+    wait_until("the retry to succeed", || !guard.is_warming()).await;
+    maintenance.shutdown().await;
+    assert_all_present(&guard, &initial, "after the retried build");
+    let stats = guard.stats();
+    assert_eq!(stats.rebuilds.succeeded, 1);
+    // Backoff doubles 20 → 40 → 80 ms: far fewer attempts than 5 ms ticks.
+    assert!(stats.rebuilds.failed < 40, "{:?}", stats.rebuilds);
+}

@@ -256,6 +256,26 @@ impl Guard {
         self.verdict_in(&self.inner.live.load(), key)
     }
 
+    /// The filters live now, oldest first (none while warming). The value
+    /// keeps them in memory while it is held, even after a swap replaced
+    /// them: hold it briefly (to encode a snapshot, to inspect a filter).
+    ///
+    /// ```
+    /// let guard = bloomguard::Guard::builder().expected_items(1_000).build()?;
+    /// guard.insert("item:1");
+    /// let live = guard.live_filters();
+    /// let newest = live.newest().expect("a guard without a source starts with a filter");
+    /// assert!(newest.contains("item:1"));
+    /// let snapshot = newest.to_bytes();
+    /// # let _ = snapshot;
+    /// # Ok::<(), bloomguard::ConfigError>(())
+    /// ```
+    pub fn live_filters(&self) -> LiveFilters {
+        LiveFilters {
+            live: self.inner.live.load_full(),
+        }
+    }
+
     /// A [`GuardReader`]: checks from a cached reference to the live
     /// filters, for one thread or one service clone.
     pub fn reader(&self) -> GuardReader {
@@ -457,6 +477,48 @@ impl Guard {
             .history
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The filters a guard answered from at one moment, from [`Guard::live_filters`].
+pub struct LiveFilters {
+    live: Arc<LiveSet>,
+}
+
+impl LiveFilters {
+    /// The filters, oldest first.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &AtomicBloom> {
+        self.live.generations.iter().map(|g| &g.filter)
+    }
+
+    /// The filter taking inserts, if any.
+    pub fn newest(&self) -> Option<&AtomicBloom> {
+        self.live.newest().map(|g| &g.filter)
+    }
+
+    /// How many filters there are (0 while warming).
+    pub fn len(&self) -> usize {
+        self.live.generations.len()
+    }
+
+    /// Whether there is none (the guard is warming).
+    pub fn is_empty(&self) -> bool {
+        self.live.generations.is_empty()
+    }
+
+    /// The number of the swap that made these filters live (see
+    /// [`GuardStats::generation`]).
+    pub fn generation(&self) -> u64 {
+        self.live.number
+    }
+}
+
+impl fmt::Debug for LiveFilters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LiveFilters")
+            .field("generation", &self.live.number)
+            .field("filters", &self.live.generations.len())
+            .finish()
     }
 }
 

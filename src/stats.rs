@@ -114,7 +114,7 @@ fn thread_stripe() -> usize {
     })
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

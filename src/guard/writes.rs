@@ -17,11 +17,11 @@
 //! filter.
 
 use std::sync::Arc;
-use std::sync::atomic::{Ordering, fence};
 
 use super::live::Shadow;
 
 use crate::stats::StripedCounter;
+use crate::sync::{Ordering, fence};
 
 /// Per-thread stripes of "inserts in progress"; each is undone in the stripe
 /// it was made in, so that every stripe is a count ≥ 0 and a zero sum read
@@ -113,5 +113,44 @@ impl std::fmt::Debug for PendingWrite<'_> {
         f.debug_struct("PendingWrite")
             .field("held_in", &held_in)
             .finish()
+    }
+}
+
+/// The handshake between an insert and a rebuild, under every interleaving
+/// loom explores (`RUSTFLAGS="--cfg loom" cargo test --release --lib`). The
+/// flag stands for the `ArcSwap` store that installs the filter being built,
+/// with orderings weaker than `arc-swap`'s own.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use loom::sync::Arc;
+    use loom::sync::atomic::AtomicBool;
+
+    use super::*;
+
+    #[test]
+    fn a_rebuild_never_misses_an_insert_that_missed_its_filter() {
+        loom::model(|| {
+            let tracker = Arc::new(WriteTracker::new());
+            let installed = Arc::new(AtomicBool::new(false));
+            let writer = {
+                let (tracker, installed) = (Arc::clone(&tracker), Arc::clone(&installed));
+                loom::thread::spawn(move || {
+                    let stripe = tracker.enter();
+                    let saw_the_new_filter = installed.load(Ordering::Relaxed);
+                    if saw_the_new_filter {
+                        tracker.exit(stripe);
+                    }
+                    // Otherwise the write is still pending: the count stays.
+                    saw_the_new_filter
+                })
+            };
+            installed.store(true, Ordering::Relaxed);
+            let quiet = tracker.is_quiet();
+            let saw_the_new_filter = writer.join().unwrap();
+            assert!(
+                saw_the_new_filter || !quiet,
+                "the rebuild saw no pending write, yet the insert went to the old filter only"
+            );
+        });
     }
 }

@@ -44,12 +44,13 @@ pub struct GuardReader {
     only: Option<Arc<Generation>>,
     /// Checks by verdict not yet added to the guard's counters.
     uncounted: [u64; 3],
-    checks_since_flush: u32,
+    /// Whether the guard samples `Absent` answers (tested first: it never changes).
+    samples_absent: bool,
 }
 
 /// Checks a reader counts locally before adding them to the guard's counters:
 /// a locked add per check would be most of a reader's overhead (measured).
-const FLUSH_EVERY: u32 = 64;
+const FLUSH_EVERY: u64 = 64;
 
 /// The guard's `ArcSwap`, reached through the `Arc` that keeps it alive.
 #[derive(Clone)]
@@ -71,13 +72,13 @@ impl GuardReader {
             only_from: 0,
             only: None,
             uncounted: [0; 3],
-            checks_since_flush: 0,
+            samples_absent: guard.inner.staleness.is_some(),
         }
     }
 
-    /// [`Guard::check`], answered from the cached filters. The verdict
-    /// reaches [`Guard::stats`] within 64 checks of this reader, or when it
-    /// is flushed or dropped.
+    /// [`Guard::check`], answered from the cached filters. Verdicts reach
+    /// [`Guard::stats`] 64 at a time (per verdict), or when the reader is
+    /// flushed or dropped.
     #[inline]
     pub fn check(&mut self, key: impl AsRef<[u8]>) -> Verdict {
         let key = key.as_ref();
@@ -95,12 +96,12 @@ impl GuardReader {
             None => self.guard.verdict_in(live, key),
         };
         // Verdict counters are the first three of `Counter`.
-        self.uncounted[Counter::for_verdict(verdict)] += 1;
-        self.checks_since_flush += 1;
-        if self.checks_since_flush == FLUSH_EVERY {
+        let uncounted = &mut self.uncounted[Counter::for_verdict(verdict)];
+        *uncounted += 1;
+        if *uncounted == FLUSH_EVERY {
             self.flush();
         }
-        if verdict == Verdict::Absent {
+        if self.samples_absent && verdict == Verdict::Absent {
             self.guard.sample_absent(key);
         }
         verdict
@@ -116,7 +117,6 @@ impl GuardReader {
                 self.guard.count_checks(verdict, std::mem::take(count));
             }
         }
-        self.checks_since_flush = 0;
     }
 
     /// [`Guard::check_many`], answered from the cached filters.

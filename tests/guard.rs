@@ -43,6 +43,17 @@ async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     }
 }
 
+/// A guard over `source` that rebuilds only when told to, without waiting for
+/// a write settle (the tests that write concurrently set their own policy).
+fn manual_guard(expected_items: u64, source: impl KeySource) -> Guard {
+    Guard::builder()
+        .expected_items(expected_items)
+        .source(source)
+        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
+        .build()
+        .unwrap()
+}
+
 /// A source that yields `inner`'s batches with a pause before each, and can
 /// be told to fail after some batches or to hang.
 struct ScriptedSource {
@@ -193,12 +204,7 @@ async fn no_false_negatives_across_rebuilds_with_concurrent_writers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pending_write_holds_the_rebuild_until_it_lands() {
     let store = store_with(&[]);
-    let guard = Guard::builder()
-        .expected_items(1_000)
-        .source(source_of(&store))
-        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
-        .build()
-        .unwrap();
+    let guard = manual_guard(1_000, source_of(&store));
     guard.rebuild().await.unwrap();
 
     let pending = guard.begin_write("slow:write");
@@ -236,12 +242,7 @@ async fn a_failing_source_leaves_the_old_filter_serving() {
     let initial = keys(0, 20_000);
     let store = store_with(&initial);
     let source = Arc::new(ScriptedSource::new(source_of(&store)));
-    let guard = Guard::builder()
-        .expected_items(10_000)
-        .source(Arc::clone(&source))
-        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
-        .build()
-        .unwrap();
+    let guard = manual_guard(10_000, Arc::clone(&source));
     guard.rebuild().await.unwrap();
     let generation = guard.stats().generation;
 
@@ -300,12 +301,7 @@ async fn a_dropped_rebuild_is_counted_as_cancelled() {
     let initial = keys(0, 50_000);
     let store = store_with(&initial);
     let source = ScriptedSource::pausing(source_of(&store), Duration::from_millis(20));
-    let guard = Guard::builder()
-        .expected_items(50_000)
-        .source(source)
-        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
-        .build()
-        .unwrap();
+    let guard = manual_guard(50_000, source);
     guard.rebuild().await.unwrap();
 
     let cancelled = tokio::time::timeout(Duration::from_millis(50), guard.rebuild()).await;
@@ -320,12 +316,7 @@ async fn a_dropped_rebuild_is_counted_as_cancelled() {
 async fn a_source_larger_than_guessed_is_read_again_at_its_size() {
     let initial = keys(0, 60_000);
     let store = store_with(&initial);
-    let guard = Guard::builder()
-        .expected_items(10_000)
-        .source(source_of(&store))
-        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
-        .build()
-        .unwrap();
+    let guard = manual_guard(10_000, source_of(&store));
     let report = guard.rebuild().await.unwrap();
     assert_eq!((report.passes, report.keys), (2, 60_000));
     assert_eq!(
@@ -715,12 +706,7 @@ fn a_guard_is_send_sync_and_cheap_to_clone() {
 async fn readers_and_batches_answer_as_check_does_across_swaps() {
     let initial = keys(0, 20_000);
     let store = store_with(&initial);
-    let guard = Guard::builder()
-        .expected_items(40_000)
-        .source(source_of(&store))
-        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
-        .build()
-        .unwrap();
+    let guard = manual_guard(40_000, source_of(&store));
     let mut reader = guard.reader();
     assert_eq!(reader.check(&initial[0]), Verdict::Warming);
     let mut verdicts = vec![Verdict::Absent; 3];

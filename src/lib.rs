@@ -4,6 +4,8 @@
 pub mod error;
 pub mod filter;
 pub mod guard;
+pub mod layer;
+pub mod loader;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
@@ -17,3 +19,5 @@ pub use guard::{
     Guard, GuardBuilder, GuardReader, GuardStats, Lifecycle, LiveFilters, MaintenanceHandle,
     PendingWrite, Rebuild, RebuildError, RebuildOutcome, RebuildReport, Verdict,
 };
+pub use layer::{GuardLayer, GuardService, InsertLayer, InsertService};
+pub use loader::{GuardedLoader, Loader};

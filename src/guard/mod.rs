@@ -30,6 +30,7 @@
 //! # Ok::<(), bloomguard::ConfigError>(())
 //! ```
 
+mod confirmed;
 mod live;
 mod maintenance;
 mod policy;
@@ -120,6 +121,8 @@ struct Inner {
     wake: Arc<Notify>,
     maintenance_interval: Duration,
     staleness: Option<StalenessSampler>,
+    /// Keys the backend confirmed absent after a false positive (off by default).
+    confirmed_absent: Option<confirmed::ConfirmedAbsent>,
     /// The verifying half of the staleness check, taken by the maintenance task.
     verifier: Mutex<Option<Verifier>>,
 }
@@ -301,10 +304,11 @@ impl Guard {
     /// [`insert`](Self::insert) for a write that may take a while: the
     /// returned [`PendingWrite`] makes a rebuild wait for the write before it
     /// reads the source. Drop it once the write is visible in the store.
-    pub fn begin_write(&self, key: impl AsRef<[u8]>) -> PendingWrite<'_> {
+    pub fn begin_write(&self, key: impl AsRef<[u8]>) -> PendingWrite {
+        let key = key.as_ref();
         let stripe = self.inner.writes.enter();
         let live = self.inner.live.load();
-        self.insert_into(&live, key.as_ref());
+        self.insert_into(&live, key);
         let held = match &live.shadow {
             Some(shadow) => {
                 // The key is in the filter being built: that build does not
@@ -313,9 +317,13 @@ impl Guard {
                 self.inner.writes.exit(stripe);
                 HeldIn::Shadow(Arc::clone(shadow), shadow_stripe)
             }
-            None => HeldIn::Guard(&self.inner.writes, stripe),
+            None => HeldIn::Guard(stripe),
         };
-        PendingWrite { held }
+        PendingWrite {
+            guard: self.clone(),
+            held,
+            key: self.inner.confirmed_absent.as_ref().map(|_| key.into()),
+        }
     }
 
     /// Inserts `key`, then runs `write` (the store write), keeping the
@@ -356,19 +364,39 @@ impl Guard {
         if let Some(shadow) = &live.shadow {
             shadow.generation.filter.insert_hashed(hash);
         }
+        if let Some(confirmed) = &self.inner.confirmed_absent {
+            confirmed.note_insert(key);
+        }
         self.inner.counters.add(Counter::Inserts as usize, 1);
     }
 
-    /// Reports what the backend answered for a key after `MaybePresent` (or
-    /// `Warming`): `found == false` after `MaybePresent` is a false positive.
+    /// Reports what the backend answered for a key after `MaybePresent`:
+    /// `found == false` is a false positive. (After `Warming`, report
+    /// nothing, or only what was found: a miss there says nothing of the filter.)
     pub fn record_outcome(&self, key: impl AsRef<[u8]>, found: bool) {
         let _ = key;
-        let counter = if found {
-            Counter::Found
-        } else {
-            Counter::FalsePositives
+        self.count_outcome(Verdict::MaybePresent, found);
+    }
+
+    /// Counts the backend's answer after a check that passed with `verdict`.
+    pub(crate) fn count_outcome(&self, verdict: Verdict, found: bool) {
+        let counter = match (verdict, found) {
+            (_, true) => Counter::Found,
+            (Verdict::MaybePresent, false) => Counter::FalsePositives,
+            (Verdict::Warming | Verdict::Absent, false) => return,
         };
         self.inner.counters.add(counter as usize, 1);
+    }
+
+    /// The cache of confirmed false positives, when the builder enabled one.
+    pub(crate) fn confirmed_absent(&self) -> Option<&confirmed::ConfirmedAbsent> {
+        self.inner.confirmed_absent.as_ref()
+    }
+
+    pub(crate) fn count_confirmed_absent_hit(&self) {
+        self.inner
+            .counters
+            .add(Counter::ConfirmedAbsentHits as usize, 1);
     }
 
     /// Reports that the store deleted a key. A Bloom filter cannot forget:
@@ -570,6 +598,7 @@ pub struct GuardBuilder {
     max_bytes: u64,
     staleness: Option<StalenessCheck>,
     maintenance_interval: Duration,
+    confirmed_absent: Option<(usize, Duration)>,
 }
 
 impl Default for GuardBuilder {
@@ -585,6 +614,7 @@ impl Default for GuardBuilder {
             max_bytes: DEFAULT_MAX_BYTES,
             staleness: None,
             maintenance_interval: Self::DEFAULT_MAINTENANCE_INTERVAL,
+            confirmed_absent: None,
         }
     }
 }
@@ -674,6 +704,21 @@ impl GuardBuilder {
         self
     }
 
+    /// Remembers up to `capacity` keys the backend confirmed absent after a
+    /// false positive, for `ttl`, so that a [`GuardedLoader`](crate::GuardedLoader)
+    /// answers them absent next time without asking again. Off by default.
+    ///
+    /// The trade-off: a hot false positive stops costing a backend call, but
+    /// every insert then also writes a mark into this cache (a small
+    /// allocation and a map write), and an answer is only cached when no
+    /// insert of the key happened within the rebuild policy's
+    /// [`write_settle`](Rebuild::write_settle) before the backend was asked,
+    /// so that no cached answer can hide a key being written.
+    pub fn confirmed_absent_cache(mut self, capacity: usize, ttl: Duration) -> Self {
+        self.confirmed_absent = Some((capacity, ttl));
+        self
+    }
+
     /// Builds the guard.
     ///
     /// # Errors
@@ -714,6 +759,12 @@ impl GuardBuilder {
                 first_rate,
             ))]),
         };
+        let confirmed_absent = self
+            .confirmed_absent
+            .map(|(capacity, ttl)| {
+                confirmed::ConfirmedAbsent::new(capacity, ttl, self.rebuild.write_settle)
+            })
+            .transpose()?;
         let guard = Guard {
             inner: Arc::new(Inner {
                 name: self.name,
@@ -736,6 +787,7 @@ impl GuardBuilder {
                 maintenance_interval: self.maintenance_interval,
                 staleness,
                 verifier: Mutex::new(verifier),
+                confirmed_absent,
             }),
         };
         Ok(guard)

@@ -15,10 +15,11 @@ pub(crate) enum Counter {
     FalsePositives,
     StaleNegatives,
     Removed,
+    ConfirmedAbsentHits,
 }
 
 impl Counter {
-    pub(crate) const COUNT: usize = 8;
+    pub(crate) const COUNT: usize = 9;
 
     #[inline]
     pub(crate) fn for_verdict(verdict: Verdict) -> usize {
@@ -102,6 +103,11 @@ pub struct GuardStats {
     pub false_positives: u64,
     /// Keys the staleness check found in the store after an `Absent` answer.
     pub stale_negatives: u64,
+    /// `MaybePresent` answers turned into "absent" by the cache of confirmed
+    /// false positives, without a backend call.
+    pub confirmed_absent_hits: u64,
+    /// Entries in that cache (answers and insert marks).
+    pub confirmed_absent_entries: usize,
     /// Keys reported removed since the last rebuild.
     pub removed_since_rebuild: u64,
     /// Share of checks that went on to the backend (`MaybePresent` or `Warming`).
@@ -193,6 +199,8 @@ impl Guard {
             found: count(Counter::Found),
             false_positives,
             stale_negatives: count(Counter::StaleNegatives),
+            confirmed_absent_hits: count(Counter::ConfirmedAbsentHits),
+            confirmed_absent_entries: self.inner.confirmed_absent.as_ref().map_or(0, |c| c.len()),
             removed_since_rebuild: removed.saturating_sub(baseline.removed),
             pass_through_ratio: ratio(passed, checks.total()).unwrap_or(0.0),
             observed_fpr,

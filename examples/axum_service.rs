@@ -1,0 +1,238 @@
+//! An axum service with a guard in front of its store.
+//!
+//! ```text
+//! cargo run --release --example axum_service --features metrics
+//! curl -i localhost:3000/items/42          # 200: the store has it
+//! curl -i localhost:3000/items/nope        # 404, answered by the guard: no store read
+//! curl -i -X POST localhost:3000/items/new -d hello   # the guard learns "new" before the write
+//! curl localhost:3000/stats                # the guard's statistics as JSON
+//! curl localhost:3000/metrics              # Prometheus text
+//! ```
+//!
+//! Routes:
+//! - `GET /items/{id}`: read from the store, behind `GuardLayer::for_http`.
+//! - `POST /items/{id}`: write the request body to the store, behind
+//!   `InsertLayer::for_http` (the guard first, then the store).
+//! - `GET /stats`: `Guard::stats` as JSON; `GET /metrics`: the `metrics`
+//!   exporter's Prometheus text.
+//!
+//! The store is an in-memory map holding `item:0` … `item:99999` (ids 0 to
+//! 99999), read by the guard's rebuilds as a `KeySource`. `PORT` picks the
+//! port (default 3000). With `REDIS_URL` set it says that the Redis store
+//! comes with the `redis` feature, and uses the in-memory one.
+
+#![allow(dead_code)] // `tests/axum_service.rs` includes this file for its `app`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{Method, Request, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+use bloomguard::{Guard, GuardLayer, InsertLayer, MaintenanceHandle, Rebuild, source};
+use dashmap::DashMap;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Items the store starts with.
+pub(crate) const SEEDED_ITEMS: u64 = 100_000;
+
+/// The backend: an in-memory map that counts its reads.
+#[derive(Debug, Default)]
+pub(crate) struct Store {
+    items: DashMap<String, Bytes>,
+    reads: AtomicU64,
+}
+
+impl Store {
+    pub(crate) fn seeded(items: u64) -> Self {
+        let store = Self::default();
+        for id in 0..items {
+            store
+                .items
+                .insert(id.to_string(), Bytes::from(format!("item {id}")));
+        }
+        store
+    }
+
+    /// Reads the store has served: the backend calls the guard did not avoid.
+    pub(crate) fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    store: Arc<Store>,
+    guard: Guard,
+    prometheus: PrometheusHandle,
+}
+
+/// The key of a request for the guard: the id of `GET /items/{id}` (reads)
+/// or `POST /items/{id}` (writes), borrowed from the path.
+fn item_id(method: Method) -> impl for<'r> Fn(&'r Request<Body>) -> Option<&'r str> + Clone {
+    move |request: &Request<Body>| {
+        if request.method() != method {
+            return None;
+        }
+        request.uri().path().strip_prefix("/items/")
+    }
+}
+
+/// The guard over `store`, rebuilt from it when its false-positive rate drifts.
+pub(crate) fn guard_over(store: &Arc<Store>) -> Guard {
+    let listed = Arc::clone(store);
+    Guard::builder()
+        .name("items")
+        .expected_items(1_000_000)
+        .false_positive_rate(0.01)
+        .source(source::from_fn(move || {
+            listed
+                .items
+                .iter()
+                .map(|item| item.key().clone())
+                .collect::<Vec<_>>()
+        }))
+        .rebuild(Rebuild::when_drift_exceeds(2.0))
+        .build()
+        .expect("the options above are in range")
+}
+
+/// The service: routes, the guard on reads, the insert on writes.
+pub(crate) fn app(store: Arc<Store>, guard: Guard, prometheus: PrometheusHandle) -> Router {
+    Router::new()
+        .route("/items/{id}", get(read_item).post(write_item))
+        .route("/stats", get(stats))
+        .route("/metrics", get(metrics))
+        .layer(GuardLayer::for_http(guard.clone(), item_id(Method::GET)))
+        .layer(InsertLayer::for_http(guard.clone(), item_id(Method::POST)))
+        .with_state(AppState {
+            store,
+            guard,
+            prometheus,
+        })
+}
+
+async fn read_item(State(state): State<AppState>, Path(id): Path<String>) -> impl IntoResponse {
+    state.store.reads.fetch_add(1, Ordering::Relaxed);
+    match state.store.items.get(&id) {
+        Some(value) => (StatusCode::OK, value.clone()).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+async fn write_item(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> StatusCode {
+    // InsertLayer has put the id into the guard already.
+    state.store.items.insert(id, body);
+    StatusCode::CREATED
+}
+
+async fn stats(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let stats = state.guard.stats();
+    Json(serde_json::json!({
+        "name": stats.name,
+        "checks": {
+            "absent": stats.checks.absent,
+            "maybe_present": stats.checks.maybe_present,
+            "warming": stats.checks.warming,
+        },
+        "inserts": stats.inserts,
+        "found": stats.found,
+        "false_positives": stats.false_positives,
+        "pass_through_ratio": stats.pass_through_ratio,
+        "observed_fpr": stats.observed_fpr,
+        "estimated_fpr": stats.estimated_fpr,
+        "target_fpr": stats.target_fpr,
+        "estimated_drift": stats.estimated_drift,
+        "fill_ratio": stats.fill_ratio,
+        "estimated_items": stats.estimated_items,
+        "generations": stats.generations,
+        "generation": stats.generation,
+        "memory_bytes": stats.memory_bytes,
+        "rebuilds_succeeded": stats.rebuilds.succeeded,
+        "store_reads": state.store.reads(),
+    }))
+}
+
+async fn metrics(State(state): State<AppState>) -> String {
+    state.guard.publish_metrics();
+    state.prometheus.render()
+}
+
+/// A running service: where it listens, and what it is made of.
+#[derive(Debug)]
+pub(crate) struct Running {
+    pub(crate) address: SocketAddr,
+    pub(crate) store: Arc<Store>,
+    pub(crate) guard: Guard,
+    pub(crate) maintenance: MaintenanceHandle,
+    pub(crate) server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Seeds a store, builds the guard (waiting for its first build), and
+/// serves on `address` until `shutdown` resolves.
+pub(crate) async fn start(
+    address: SocketAddr,
+    prometheus: PrometheusHandle,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<Running> {
+    let store = Arc::new(Store::seeded(SEEDED_ITEMS));
+    let guard = guard_over(&store);
+    let maintenance = guard.spawn_maintenance();
+    while guard.is_warming() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    let address = listener.local_addr()?;
+    let service = app(Arc::clone(&store), guard.clone(), prometheus);
+    let server = tokio::spawn(async move {
+        axum::serve(listener, service)
+            .with_graceful_shutdown(shutdown)
+            .await
+    });
+    Ok(Running {
+        address,
+        store,
+        guard,
+        maintenance,
+        server,
+    })
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::var_os("REDIS_URL").is_some() {
+        eprintln!(
+            "note: REDIS_URL is set, but the Redis store comes with the `redis` feature; using the in-memory store"
+        );
+    }
+    let prometheus = PrometheusBuilder::new().install_recorder()?;
+    let port: u16 = std::env::var("PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(3000);
+    let running = start(
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        prometheus,
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        },
+    )
+    .await?;
+    println!(
+        "serving http://{} ({} items; try /items/42, /items/nope, /stats, /metrics); ctrl-c stops",
+        running.address, SEEDED_ITEMS
+    );
+    running.server.await??;
+    running.maintenance.shutdown().await;
+    println!("stopped: {:?}", running.guard.stats().checks);
+    Ok(())
+}

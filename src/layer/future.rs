@@ -1,0 +1,113 @@
+//! The response future of [`GuardService`](super::GuardService).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use pin_project_lite::pin_project;
+
+use super::GuardPolicy;
+use crate::guard::{Guard, Verdict};
+
+pin_project! {
+    /// The answer of a [`GuardService`](super::GuardService): ready at once
+    /// for an absent key (no call, no allocation), otherwise the inner
+    /// service's future, whose response is counted as found or not found
+    /// when it arrives.
+    pub struct ResponseFuture<F, P, R> {
+        #[pin]
+        state: State<F, Outcome<P, R>, R>,
+    }
+}
+
+pin_project! {
+    #[project = StateProjection]
+    enum State<F, O, R> {
+        Absent { response: Option<R> },
+        Called { #[pin] future: F, outcome: Option<O> },
+    }
+}
+
+/// What to count once the inner service answers.
+struct Outcome<P, R> {
+    guard: Guard,
+    verdict: Verdict,
+    policy: Arc<P>,
+    /// `GuardPolicy::found` for the request type the service was called with.
+    found: fn(&P, &R) -> Option<bool>,
+}
+
+impl<F, P, R> ResponseFuture<F, P, R> {
+    pub(super) fn absent(response: R) -> Self {
+        Self {
+            state: State::Absent {
+                response: Some(response),
+            },
+        }
+    }
+
+    pub(super) fn called<Request>(future: F, guard: Guard, verdict: Verdict, policy: Arc<P>) -> Self
+    where
+        P: GuardPolicy<Request, R>,
+    {
+        Self {
+            state: State::Called {
+                future,
+                outcome: Some(Outcome {
+                    guard,
+                    verdict,
+                    policy,
+                    found: <P as GuardPolicy<Request, R>>::found,
+                }),
+            },
+        }
+    }
+
+    pub(super) fn passed_through(future: F) -> Self {
+        Self {
+            state: State::Called {
+                future,
+                outcome: None,
+            },
+        }
+    }
+}
+
+impl<F, P, R, E> Future for ResponseFuture<F, P, R>
+where
+    F: Future<Output = Result<R, E>>,
+{
+    type Output = Result<R, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProjection::Absent { response } => Poll::Ready(Ok(response
+                .take()
+                .expect("ResponseFuture polled after it completed"))),
+            StateProjection::Called { future, outcome } => {
+                let result = ready!(future.poll(cx));
+                if let (Ok(response), Some(outcome)) = (&result, outcome.take())
+                    && let Some(found) = (outcome.found)(&outcome.policy, response)
+                {
+                    outcome.guard.count_outcome(outcome.verdict, found);
+                }
+                Poll::Ready(result)
+            }
+        }
+    }
+}
+
+impl<F, P, R> fmt::Debug for ResponseFuture<F, P, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Absent { .. } => "absent",
+            State::Called { outcome: None, .. } => "passed through",
+            State::Called { .. } => "called",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

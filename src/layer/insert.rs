@@ -1,0 +1,179 @@
+//! The write path: insert a request's key before the inner service writes it.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use http::Request;
+use pin_project_lite::pin_project;
+use tower::{Layer, Service};
+
+use super::HttpKey;
+use crate::guard::{Guard, PendingWrite};
+
+/// Inserts the key of each request into the guard **before** calling the
+/// inner service, which writes it to the store: the ordering rule of the
+/// [guard](crate::guard), for routes that create items. The insert counts as
+/// a pending write until the inner service has answered, so a rebuild
+/// running meanwhile waits for it (see [`PendingWrite`]).
+///
+/// ```
+/// use axum::{Router, body::Body, http::{Method, Request}, routing::post};
+/// use bloomguard::{Guard, InsertLayer};
+///
+/// let guard = Guard::builder().expected_items(1_000_000).build()?;
+/// let app: Router = Router::new()
+///     .route("/items/{id}", post(|| async { "created" }))
+///     .layer(InsertLayer::for_http(guard, |req: &Request<Body>| {
+///         (req.method() == Method::POST).then(|| req.uri().path().strip_prefix("/items/")).flatten()
+///     }));
+/// # let _ = app;
+/// # Ok::<(), bloomguard::ConfigError>(())
+/// ```
+pub struct InsertLayer<K> {
+    guard: Guard,
+    key: Arc<K>,
+}
+
+impl<K> InsertLayer<K> {
+    /// Inserts the key `key` picks from each `http` request (requests
+    /// without one pass through).
+    pub fn for_http<B>(guard: Guard, key: K) -> Self
+    where
+        K: for<'r> Fn(&'r Request<B>) -> Option<&'r str> + Send + Sync + 'static,
+    {
+        Self {
+            guard,
+            key: Arc::new(key),
+        }
+    }
+}
+
+impl<K> Clone for InsertLayer<K> {
+    fn clone(&self) -> Self {
+        Self {
+            guard: self.guard.clone(),
+            key: Arc::clone(&self.key),
+        }
+    }
+}
+
+impl<K> fmt::Debug for InsertLayer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InsertLayer")
+            .field("guard", &self.guard)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K> Layer<S> for InsertLayer<K> {
+    type Service = InsertService<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        InsertService {
+            inner,
+            guard: self.guard.clone(),
+            key: Arc::clone(&self.key),
+        }
+    }
+}
+
+/// A service whose requests' keys are inserted into a guard before it runs;
+/// made by [`InsertLayer`].
+pub struct InsertService<S, K> {
+    inner: S,
+    guard: Guard,
+    key: Arc<K>,
+}
+
+impl<S, K> InsertService<S, K> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, K, B> Service<Request<B>> for InsertService<S, K>
+where
+    S: Service<Request<B>>,
+    K: HttpKey<B>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = InsertFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let pending = self
+            .key
+            .key(&request)
+            .map(|key| self.guard.begin_write(key));
+        InsertFuture {
+            future: self.inner.call(request),
+            pending,
+        }
+    }
+}
+
+impl<S: Clone, K> Clone for InsertService<S, K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            guard: self.guard.clone(),
+            key: Arc::clone(&self.key),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K> fmt::Debug for InsertService<S, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InsertService")
+            .field("inner", &self.inner)
+            .field("guard", &self.guard)
+            .finish_non_exhaustive()
+    }
+}
+
+pin_project! {
+    /// The inner service's future, holding the insert's [`PendingWrite`]
+    /// until it completes.
+    pub struct InsertFuture<F> {
+        #[pin]
+        future: F,
+        pending: Option<PendingWrite>,
+    }
+}
+
+impl<F: Future> Future for InsertFuture<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let output = ready!(this.future.poll(cx));
+        this.pending.take();
+        Poll::Ready(output)
+    }
+}
+
+impl<F> fmt::Debug for InsertFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InsertFuture")
+            .field("pending", &self.pending)
+            .finish_non_exhaustive()
+    }
+}

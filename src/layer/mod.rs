@@ -1,0 +1,219 @@
+//! Middleware that answers "absent" for keys the guard rules out, without
+//! calling the inner service.
+//!
+//! [`GuardLayer`] wraps a service in a [`GuardService`]: it takes the key of
+//! each request, checks it, and on [`Verdict::Absent`] answers at once (no
+//! call, no allocation). Otherwise it calls the inner service and counts what
+//! the response says — found, not found (a false positive after
+//! `MaybePresent`), or neither — in the guard's statistics. Errors pass
+//! through unchanged and are never counted as "not found". Requests without
+//! a key pass through unguarded.
+//!
+//! Two ready-made forms:
+//! - [`GuardLayer::for_loader`] over a loader service
+//!   `Service<K, Response = Option<V>>`: the key is the request, a miss is `Ok(None)`.
+//! - [`GuardLayer::for_http`] over `http` services (axum, hyper): a key
+//!   function picks the key from the request, a miss is a 404 with an empty
+//!   body (or the response given to [`with_absent_response`](GuardLayer::with_absent_response)),
+//!   and a 404 after `MaybePresent` is a false positive.
+//!
+//! For the write path, [`InsertLayer`] inserts a request's key before the
+//! inner service writes it (the ordering rule of the [guard](crate::guard)).
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! use bloomguard::{Guard, GuardLayer};
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! let guard = Guard::builder().expected_items(1_000).build()?;
+//! guard.insert("item:1");
+//! let backend = service_fn(|key: String| async move {
+//!     Ok::<_, std::convert::Infallible>((key == "item:1").then_some(42))
+//! });
+//! let service = ServiceBuilder::new()
+//!     .layer(GuardLayer::for_loader(guard.clone()))
+//!     .service(backend);
+//! assert_eq!(service.clone().oneshot("item:1".to_string()).await?, Some(42));
+//! assert_eq!(service.oneshot("item:2".to_string()).await?, None); // the backend was not called
+//! assert_eq!(guard.stats().checks.absent, 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+mod future;
+mod http;
+mod insert;
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tower::{Layer, Service};
+
+use crate::guard::{Guard, GuardReader, Verdict};
+pub use future::ResponseFuture;
+pub use http::{HttpKey, HttpPolicy};
+pub use insert::{InsertFuture, InsertLayer, InsertService};
+
+/// How a [`GuardService`] reads a request and its response: the key, the
+/// answer on `Absent`, and whether a response means found.
+///
+/// [`LoaderPolicy`] and [`HttpPolicy`] are the ready-made ones; implement it
+/// for other request shapes.
+pub trait GuardPolicy<Request, Response> {
+    /// Checks the request's key with `reader`; `None` when the request has
+    /// no key and passes through unguarded.
+    fn check(&self, reader: &mut GuardReader, request: &Request) -> Option<Verdict>;
+
+    /// The response for a request whose key is absent. Called on the hot
+    /// path: it should not allocate.
+    fn absent_response(&self) -> Response;
+
+    /// `Some(true)` if the response says the key was found, `Some(false)` if
+    /// not found, `None` if it says neither (a 5xx, a redirect…).
+    fn found(&self, response: &Response) -> Option<bool>;
+}
+
+/// The policy of [`GuardLayer::for_loader`]: the request is the key, the
+/// response an `Option` (`None`: not found).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoaderPolicy;
+
+impl<K: AsRef<[u8]>, V> GuardPolicy<K, Option<V>> for LoaderPolicy {
+    #[inline]
+    fn check(&self, reader: &mut GuardReader, key: &K) -> Option<Verdict> {
+        Some(reader.check(key.as_ref()))
+    }
+
+    #[inline]
+    fn absent_response(&self) -> Option<V> {
+        None
+    }
+
+    fn found(&self, response: &Option<V>) -> Option<bool> {
+        Some(response.is_some())
+    }
+}
+
+/// Wraps services in a [`GuardService`]. See the [module docs](self).
+#[derive(Clone)]
+pub struct GuardLayer<P> {
+    guard: Guard,
+    policy: Arc<P>,
+}
+
+impl GuardLayer<LoaderPolicy> {
+    /// Guards a loader service `Service<K, Response = Option<V>>`: the
+    /// request is the key, and a key the guard rules out is answered
+    /// `Ok(None)` without a call.
+    pub fn for_loader(guard: Guard) -> Self {
+        Self::with_policy(guard, LoaderPolicy)
+    }
+}
+
+impl<P> GuardLayer<P> {
+    /// Guards services with a policy of your own.
+    pub fn with_policy(guard: Guard, policy: P) -> Self {
+        Self {
+            guard,
+            policy: Arc::new(policy),
+        }
+    }
+
+    /// The guard this layer checks.
+    pub fn guard(&self) -> &Guard {
+        &self.guard
+    }
+}
+
+impl<S, P> Layer<S> for GuardLayer<P> {
+    type Service = GuardService<S, P>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GuardService {
+            inner,
+            reader: self.guard.reader(),
+            policy: Arc::clone(&self.policy),
+        }
+    }
+}
+
+impl<P> fmt::Debug for GuardLayer<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuardLayer")
+            .field("guard", &self.guard)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A service behind a guard, made by [`GuardLayer`]. Each clone checks
+/// through its own [`GuardReader`] (a few ns a check), so clone it per
+/// connection or task as tower does.
+pub struct GuardService<S, P> {
+    inner: S,
+    reader: GuardReader,
+    policy: Arc<P>,
+}
+
+impl<S, P> GuardService<S, P> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, P, Request> Service<Request> for GuardService<S, P>
+where
+    S: Service<Request>,
+    P: GuardPolicy<Request, S::Response>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, P, S::Response>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        match self.policy.check(&mut self.reader, &request) {
+            Some(Verdict::Absent) => ResponseFuture::absent(self.policy.absent_response()),
+            Some(verdict) => ResponseFuture::called::<Request>(
+                self.inner.call(request),
+                self.reader.guard().clone(),
+                verdict,
+                Arc::clone(&self.policy),
+            ),
+            None => ResponseFuture::passed_through(self.inner.call(request)),
+        }
+    }
+}
+
+impl<S: Clone, P> Clone for GuardService<S, P> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            reader: self.reader.clone(),
+            policy: Arc::clone(&self.policy),
+        }
+    }
+}
+
+impl<S: fmt::Debug, P> fmt::Debug for GuardService<S, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuardService")
+            .field("inner", &self.inner)
+            .field("guard", self.reader.guard())
+            .finish_non_exhaustive()
+    }
+}

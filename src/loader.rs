@@ -1,0 +1,271 @@
+//! [`GuardedLoader`]: a guard in front of any async loader, for code that
+//! does not use tower.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! use std::collections::HashMap;
+//! use std::sync::Arc;
+//! use bloomguard::{Guard, GuardedLoader};
+//!
+//! let store = Arc::new(HashMap::from([("item:1".to_string(), 42u32)]));
+//! let guard = Guard::builder().expected_items(1_000).build()?;
+//! guard.insert("item:1");
+//! let loader = GuardedLoader::new(guard, move |key: String| {
+//!     let store = Arc::clone(&store);
+//!     async move { Ok::<_, std::io::Error>(store.get(&key).copied()) }
+//! });
+//! assert_eq!(loader.get("item:1".to_string()).await?, Some(42));
+//! assert_eq!(loader.get("item:2".to_string()).await?, None); // answered by the filter
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # Concurrent calls on the same key
+//! Loads of one key that pass the filter at the same time share one backend
+//! call: the first caller runs it, the others wait for its result (errors
+//! come to all of them as the same `Arc<E>`). If the first caller is
+//! cancelled, a waiting caller takes over and calls the backend itself; the
+//! shared entry is removed when the call completes, fails or is cancelled.
+
+use std::fmt;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::{Arc, OnceLock};
+
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::guard::{Guard, Verdict};
+
+/// An async lookup in the store behind a guard: `Ok(None)` when the key is
+/// not there.
+///
+/// Implemented for closures `Fn(K) -> impl Future<Output = Result<Option<V>, E>>`.
+pub trait Loader<K>: Send + Sync + 'static {
+    /// What a found key loads.
+    type Value: Clone + Send + Sync + 'static;
+    /// What a failed load reports.
+    type Error: Send + Sync + 'static;
+
+    /// Looks `key` up in the store.
+    fn load(&self, key: K)
+    -> impl Future<Output = Result<Option<Self::Value>, Self::Error>> + Send;
+}
+
+/// The output of a loader closure: `Result<Option<V>, E>`.
+pub trait LoadResult {
+    /// What a found key loads.
+    type Value;
+    /// What a failed load reports.
+    type Error;
+    /// Converts into the result a [`Loader`] returns.
+    fn into_result(self) -> Result<Option<Self::Value>, Self::Error>;
+}
+
+impl<V, E> LoadResult for Result<Option<V>, E> {
+    type Value = V;
+    type Error = E;
+
+    fn into_result(self) -> Result<Option<V>, E> {
+        self
+    }
+}
+
+impl<K, F, Fut> Loader<K> for F
+where
+    F: Fn(K) -> Fut + Send + Sync + 'static,
+    Fut: Future + Send,
+    Fut::Output: LoadResult,
+    <Fut::Output as LoadResult>::Value: Clone + Send + Sync + 'static,
+    <Fut::Output as LoadResult>::Error: Send + Sync + 'static,
+{
+    type Value = <Fut::Output as LoadResult>::Value;
+    type Error = <Fut::Output as LoadResult>::Error;
+
+    fn load(
+        &self,
+        key: K,
+    ) -> impl Future<Output = Result<Option<Self::Value>, Self::Error>> + Send {
+        let load = self(key);
+        async move { load.await.into_result() }
+    }
+}
+
+/// What a load returns: the value if found, or the backend's error, shared
+/// with every caller that waited for the same call.
+pub type Loaded<V, E> = Result<Option<V>, Arc<E>>;
+
+/// A guard in front of a [`Loader`]: keys the filter rules out are answered
+/// `None` without a backend call, the rest are loaded (with concurrent loads
+/// of one key coalesced) and their outcome feeds the guard's statistics.
+///
+/// Cheap to clone (an `Arc` inside). See the [module docs](self).
+pub struct GuardedLoader<K, L: Loader<K>> {
+    inner: Arc<Inner<K, L>>,
+}
+
+struct Inner<K, L: Loader<K>> {
+    guard: Guard,
+    loader: L,
+    in_flight: InFlight<K, L::Value, L::Error>,
+}
+
+/// The backend calls running, by key.
+type InFlight<K, V, E> = DashMap<K, Arc<Flight<V, E>>>;
+
+/// One backend call that several callers wait for.
+struct Flight<V, E> {
+    result: OnceLock<Loaded<V, E>>,
+    done: Notify,
+    started: Instant,
+}
+
+impl<K, L> GuardedLoader<K, L>
+where
+    K: AsRef<[u8]> + Hash + Eq + Clone + Send + Sync + 'static,
+    L: Loader<K>,
+{
+    /// Puts `guard` in front of `loader`. To cache confirmed false
+    /// positives as well, build the guard with
+    /// [`GuardBuilder::confirmed_absent_cache`](crate::GuardBuilder::confirmed_absent_cache).
+    pub fn new(guard: Guard, loader: L) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                guard,
+                loader,
+                in_flight: DashMap::new(),
+            }),
+        }
+    }
+
+    /// Loads `key` unless the guard rules it out.
+    ///
+    /// # Errors
+    /// The loader's error, shared with every caller that waited on the same
+    /// backend call.
+    pub async fn get(&self, key: K) -> Loaded<L::Value, L::Error> {
+        let guard = &self.inner.guard;
+        let verdict = guard.check(key.as_ref());
+        if verdict == Verdict::Absent {
+            return Ok(None);
+        }
+        let confirmed = guard.confirmed_absent();
+        if verdict == Verdict::MaybePresent
+            && let Some(confirmed) = confirmed
+            && confirmed.is_absent(key.as_ref())
+        {
+            guard.count_confirmed_absent_hit();
+            return Ok(None);
+        }
+        let (result, asked_at) = self.load_once(&key).await;
+        if let Ok(found) = &result {
+            guard.count_outcome(verdict, found.is_some());
+            if found.is_none()
+                && verdict == Verdict::MaybePresent
+                && let Some(confirmed) = confirmed
+            {
+                confirmed.remember(key.as_ref(), asked_at);
+            }
+        }
+        result
+    }
+
+    /// The guard in front of the loader.
+    pub fn guard(&self) -> &Guard {
+        &self.inner.guard
+    }
+
+    /// The loader behind the guard.
+    pub fn loader(&self) -> &L {
+        &self.inner.loader
+    }
+
+    /// Backend calls in progress (one per key, however many callers wait).
+    pub fn in_flight(&self) -> usize {
+        self.inner.in_flight.len()
+    }
+
+    /// Runs the backend call for `key`, or waits for the one running; returns
+    /// its result and when it started.
+    async fn load_once(&self, key: &K) -> (Loaded<L::Value, L::Error>, Instant) {
+        let in_flight = &self.inner.in_flight;
+        loop {
+            let flight = match in_flight.entry(key.clone()) {
+                Entry::Occupied(running) => Arc::clone(running.get()),
+                Entry::Vacant(vacant) => {
+                    let flight = Arc::new(Flight {
+                        result: OnceLock::new(),
+                        done: Notify::new(),
+                        started: Instant::now(),
+                    });
+                    vacant.insert(Arc::clone(&flight));
+                    return self.lead(key, flight).await;
+                }
+            };
+            let done = flight.done.notified();
+            let mut done = std::pin::pin!(done);
+            // Registered before looking, so a result set in between still wakes us.
+            done.as_mut().enable();
+            if let Some(result) = flight.result.get() {
+                return (result.clone(), flight.started);
+            }
+            done.await;
+            if let Some(result) = flight.result.get() {
+                return (result.clone(), flight.started);
+            }
+            // The caller running it was cancelled: take over.
+        }
+    }
+
+    async fn lead(
+        &self,
+        key: &K,
+        flight: Arc<Flight<L::Value, L::Error>>,
+    ) -> (Loaded<L::Value, L::Error>, Instant) {
+        let _leading = Leading {
+            in_flight: &self.inner.in_flight,
+            key,
+            flight: &flight,
+        };
+        let result = self.inner.loader.load(key.clone()).await.map_err(Arc::new);
+        let _ = flight.result.set(result.clone());
+        (result, flight.started)
+    }
+}
+
+/// The running call's entry: removed and its waiters woken when the call
+/// ends, whether it completed or its caller was cancelled.
+struct Leading<'a, K: Hash + Eq, V, E> {
+    in_flight: &'a InFlight<K, V, E>,
+    key: &'a K,
+    flight: &'a Arc<Flight<V, E>>,
+}
+
+impl<K: Hash + Eq, V, E> Drop for Leading<'_, K, V, E> {
+    fn drop(&mut self) {
+        self.in_flight
+            .remove_if(self.key, |_, running| Arc::ptr_eq(running, self.flight));
+        // Waiters find the result, or none if the call was cancelled (and
+        // one of them runs it again).
+        self.flight.done.notify_waiters();
+    }
+}
+
+impl<K, L: Loader<K>> Clone for GuardedLoader<K, L> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<K: Hash + Eq, L: Loader<K>> fmt::Debug for GuardedLoader<K, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuardedLoader")
+            .field("guard", &self.inner.guard)
+            .field("in_flight", &self.inner.in_flight.len())
+            .finish_non_exhaustive()
+    }
+}

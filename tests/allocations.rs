@@ -1,0 +1,128 @@
+//! The `Absent` path of `GuardService` allocates nothing: a counting global
+//! allocator watches the calls.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use bloomguard::{Guard, GuardLayer};
+use http::{Request, Response, StatusCode, Uri};
+use tower::{Layer, Service, service_fn};
+
+struct Counting;
+
+thread_local! {
+    /// Allocations made by this thread while counting is on.
+    static COUNTED: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+// SAFETY: forwards every call to the system allocator unchanged; the only
+// addition is a thread-local counter, which does not allocate.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = COUNTED.try_with(|count| {
+            if let Some(n) = count.get() {
+                count.set(Some(n + 1));
+            }
+        });
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn allocations_in(body: impl FnOnce()) -> usize {
+    COUNTED.with(|count| count.set(Some(0)));
+    body();
+    COUNTED.with(|count| count.take().expect("counting was on"))
+}
+
+/// Polls a future that is ready at once, without a runtime.
+fn ready_now<F: Future>(future: F) -> F::Output {
+    let mut context = Context::from_waker(Waker::noop());
+    match pin!(future).poll(&mut context) {
+        Poll::Ready(output) => output,
+        Poll::Pending => panic!("an absent key is answered at once"),
+    }
+}
+
+#[test]
+fn the_loader_form_answers_absent_keys_without_allocating() {
+    let guard = Guard::builder().expected_items(10_000).build().unwrap();
+    guard.insert("item:1");
+    let mut service =
+        GuardLayer::for_loader(guard.clone()).layer(service_fn(|_key: &'static str| async {
+            Ok::<Option<u32>, Infallible>(Some(1))
+        }));
+    let keys: Vec<&'static str> = (0..10_000)
+        .map(|i| &*Box::leak(format!("absent:{i}").into_boxed_str()))
+        .collect();
+    let _ = ready_now(service.call(keys[0])); // the reader's first look at the filters
+
+    let mut absent = 0;
+    let allocations = allocations_in(|| {
+        for key in &keys {
+            if guard.check(key).is_absent() {
+                assert_eq!(ready_now(service.call(key)).unwrap(), None);
+                absent += 1;
+            }
+        }
+    });
+    assert!(absent > 9_800, "{absent} absent answers");
+    assert_eq!(
+        allocations, 0,
+        "{allocations} allocations for {absent} absent answers"
+    );
+}
+
+#[test]
+fn the_http_form_answers_404_without_allocating() {
+    let guard = Guard::builder().expected_items(10_000).build().unwrap();
+    let mut service = GuardLayer::for_http(guard.clone(), |request: &Request<String>| {
+        request.uri().path().strip_prefix("/items/")
+    })
+    .layer(service_fn(|_request: Request<String>| async {
+        Ok::<_, Infallible>(Response::new(String::from("found")))
+    }));
+    let requests: Vec<Request<String>> = (0..1_000)
+        .map(|i| {
+            let path: &'static str = Box::leak(format!("/items/absent-{i}").into_boxed_str());
+            let mut request = Request::new(String::new());
+            *request.uri_mut() = Uri::from_static(path);
+            request
+        })
+        .collect();
+    let _ = ready_now(service.call(Request::new(String::new())));
+
+    let mut not_found = 0;
+    let allocations = allocations_in(|| {
+        for request in requests {
+            let response = ready_now(service.call(request)).unwrap();
+            assert_eq!(response.status(), StatusCode::NOT_FOUND);
+            not_found += 1;
+        }
+    });
+    assert_eq!(not_found, 1_000);
+    assert_eq!(
+        allocations, 0,
+        "{allocations} allocations for 1000 absent answers"
+    );
+}
+
+#[test]
+fn the_counter_sees_allocations() {
+    let counted = allocations_in(|| {
+        std::hint::black_box(Box::new(7u64));
+    });
+    assert_eq!(counted, 1);
+}

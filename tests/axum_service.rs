@@ -1,0 +1,111 @@
+//! The axum example, served on a loopback port and driven over real HTTP.
+
+#[path = "../examples/axum_service.rs"]
+#[allow(unreachable_pub, clippy::duplicated_attributes)]
+mod example;
+
+use std::net::SocketAddr;
+
+use metrics_exporter_prometheus::PrometheusBuilder;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// One HTTP/1.1 request on a fresh connection; returns the status and body.
+async fn http(address: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .expect("a response has a head and a body");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("a status line");
+    (status, body.to_owned())
+}
+
+fn metric_value(scrape: &str, series: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_http_service_end_to_end() {
+    let prometheus = PrometheusBuilder::new().install_recorder().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = example::start(SocketAddr::from(([127, 0, 0, 1], 0)), prometheus, async {
+        let _ = stopped.await;
+    })
+    .await
+    .unwrap();
+    let address = running.address;
+
+    // Absent ids: 404, and (but for false positives) no store read.
+    let reads_before = running.store.reads();
+    let mut not_found = 0;
+    for i in 0..1_000 {
+        let (status, body) = http(address, "GET", &format!("/items/absent-{i}"), "").await;
+        assert_eq!(status, 404);
+        assert!(body.is_empty());
+        not_found += 1;
+    }
+    let stats = running.guard.stats();
+    let store_reads = running.store.reads() - reads_before;
+    assert_eq!(not_found, 1_000);
+    assert_eq!(
+        store_reads, stats.false_positives,
+        "only the guard's false positives reached the store"
+    );
+    assert_eq!(stats.checks.absent + stats.false_positives, 1_000);
+    assert!(
+        store_reads <= 30,
+        "1 % target: {store_reads} of 1000 reached the store"
+    );
+
+    // Present ids: 200 with their value.
+    for id in (0..example::SEEDED_ITEMS).step_by(997) {
+        let (status, body) = http(address, "GET", &format!("/items/{id}"), "").await;
+        assert_eq!((status, body), (200, format!("item {id}")));
+    }
+
+    // A POSTed id is visible at once.
+    let (status, _) = http(address, "POST", "/items/fresh-1", "hello").await;
+    assert_eq!(status, 201);
+    let (status, body) = http(address, "GET", "/items/fresh-1", "").await;
+    assert_eq!((status, body.as_str()), (200, "hello"));
+
+    // Stats and metrics reflect the traffic.
+    let (status, body) = http(address, "GET", "/stats", "").await;
+    assert_eq!(status, 200);
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let stats = running.guard.stats();
+    assert_eq!(json["checks"]["absent"], stats.checks.absent);
+    assert_eq!(json["inserts"], 1);
+    assert!(json["found"].as_u64().unwrap() >= 101);
+    assert_eq!(json["store_reads"], running.store.reads());
+
+    let (status, scrape) = http(address, "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    let absent = metric_value(
+        &scrape,
+        r#"bloomguard_checks_total{guard="items",verdict="absent"}"#,
+    );
+    assert_eq!(absent, Some(stats.checks.absent as f64), "{scrape}");
+    assert_eq!(
+        metric_value(&scrape, r#"bloomguard_inserts_total{guard="items"}"#),
+        Some(1.0)
+    );
+
+    // Graceful shutdown.
+    stop.send(()).unwrap();
+    running.server.await.unwrap().unwrap();
+    running.maintenance.shutdown().await;
+}

@@ -1,0 +1,216 @@
+//! `GuardLayer` in both forms and `InsertLayer`: what reaches the inner
+//! service, what the guard counts, and that errors pass through.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bloomguard::{Guard, GuardLayer, InsertLayer, Verdict};
+use http::{Method, Request, Response, StatusCode};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
+
+fn guard_with(keys: &[&str]) -> Guard {
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .seed(1)
+        .build()
+        .unwrap();
+    for key in keys {
+        guard.insert(key);
+    }
+    guard
+}
+
+#[tokio::test]
+async fn loader_form_answers_absent_keys_without_calling_the_backend() {
+    let guard = guard_with(&["item:1", "item:2"]);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let backend = {
+        let calls = Arc::clone(&calls);
+        service_fn(move |key: String| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, Infallible>((key == "item:1").then_some(key.len())) }
+        })
+    };
+    let service = ServiceBuilder::new()
+        .layer(GuardLayer::for_loader(guard.clone()))
+        .service(backend);
+
+    let absent: Vec<String> = (0..1_000).map(|i| format!("absent:{i}")).collect();
+    let mut answered = 0;
+    for key in &absent {
+        assert_eq!(service.clone().oneshot(key.clone()).await.unwrap(), None);
+        answered += 1;
+    }
+    let stats = guard.stats();
+    assert_eq!(answered, 1_000);
+    assert_eq!(
+        calls.load(Ordering::SeqCst) as u64,
+        stats.checks.maybe_present,
+        "only maybe-present keys reached the backend"
+    );
+    assert_eq!(stats.false_positives, stats.checks.maybe_present);
+
+    // Found, and a guard false positive that the backend does not have.
+    let calls_before = calls.load(Ordering::SeqCst);
+    assert_eq!(
+        service.clone().oneshot("item:1".into()).await.unwrap(),
+        Some(6)
+    );
+    assert_eq!(
+        service.clone().oneshot("item:2".into()).await.unwrap(),
+        None
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), calls_before + 2);
+    let after = guard.stats();
+    assert_eq!(after.found, 1);
+    assert_eq!(after.false_positives, stats.false_positives + 1);
+}
+
+#[tokio::test]
+async fn errors_pass_through_and_are_not_counted_as_not_found() {
+    let guard = guard_with(&["item:1"]);
+    let service = GuardLayer::for_loader(guard.clone()).layer(service_fn(|_key: String| async {
+        Err::<Option<u8>, _>(std::io::Error::other("backend down"))
+    }));
+    let error = service.oneshot("item:1".into()).await.unwrap_err();
+    assert_eq!(error.to_string(), "backend down");
+    let stats = guard.stats();
+    assert_eq!((stats.found, stats.false_positives), (0, 0));
+}
+
+#[tokio::test]
+async fn poll_ready_is_the_inner_services() {
+    let guard = guard_with(&["item:1"]);
+    let (service, mut handle) =
+        tower_test::mock::spawn_layer::<String, Option<u8>, _>(GuardLayer::for_loader(guard));
+    let mut service = service;
+    handle.allow(0);
+    assert!(
+        service.poll_ready().is_pending(),
+        "the inner service is not ready"
+    );
+    handle.allow(1);
+    assert!(service.poll_ready().is_ready());
+    let response = service.call("item:1".to_string());
+    let (request, send) = handle.next_request().await.unwrap();
+    assert_eq!(request, "item:1");
+    send.send_response(Some(7));
+    assert_eq!(response.await.unwrap(), Some(7));
+}
+
+type Body = String;
+
+fn item_id(request: &Request<Body>) -> Option<&str> {
+    (request.method() == Method::GET)
+        .then(|| request.uri().path().strip_prefix("/items/"))
+        .flatten()
+}
+
+fn http_backend(
+    calls: Arc<AtomicUsize>,
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone
+{
+    service_fn(move |request: Request<Body>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        let status = match request.uri().path() {
+            "/items/1" => StatusCode::OK,
+            "/items/broken" => StatusCode::INTERNAL_SERVER_ERROR,
+            _ => StatusCode::NOT_FOUND,
+        };
+        let mut response = Response::new(String::from("from the backend"));
+        *response.status_mut() = status;
+        async move { Ok::<_, Infallible>(response) }
+    })
+}
+
+fn get(path: &str) -> Request<Body> {
+    Request::get(path).body(String::new()).unwrap()
+}
+
+#[tokio::test]
+async fn http_form_answers_404_and_classifies_responses() {
+    let guard = guard_with(&["1", "2", "broken"]);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let service = GuardLayer::for_http(guard.clone(), |r: &Request<Body>| item_id(r))
+        .layer(http_backend(Arc::clone(&calls)));
+
+    // Absent: 404 with an empty body, no call.
+    let response = service.clone().oneshot(get("/items/nope")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    assert!(response.body().is_empty());
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+
+    // Found, false positive, neither.
+    let found = service.clone().oneshot(get("/items/1")).await.unwrap();
+    assert_eq!(found.status(), StatusCode::OK);
+    let missing = service.clone().oneshot(get("/items/2")).await.unwrap();
+    assert_eq!(missing.body(), "from the backend", "the backend's own 404");
+    let broken = service.clone().oneshot(get("/items/broken")).await.unwrap();
+    assert_eq!(broken.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let stats = guard.stats();
+    assert_eq!((stats.found, stats.false_positives), (1, 1));
+
+    // No key: passes through unguarded and uncounted.
+    let checks = stats.checks.total();
+    let other = service.clone().oneshot(get("/health")).await.unwrap();
+    assert_eq!(other.status(), StatusCode::NOT_FOUND);
+    assert_eq!(guard.stats().checks.total(), checks);
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn the_absent_response_is_configurable() {
+    let guard = guard_with(&[]);
+    let service = GuardLayer::for_http(guard, |r: &Request<Body>| item_id(r))
+        .with_absent_response(|| {
+            let mut response = Response::new(String::from("no such item"));
+            *response.status_mut() = StatusCode::GONE;
+            response
+        })
+        .layer(http_backend(Arc::new(AtomicUsize::new(0))));
+    let response = service.oneshot(get("/items/x")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::GONE);
+    assert_eq!(response.body(), "no such item");
+}
+
+#[tokio::test]
+async fn the_insert_layer_inserts_before_the_inner_service_writes() {
+    let guard = guard_with(&[]);
+    let seen_by_the_writer = Arc::new(AtomicUsize::new(0));
+    let writer = {
+        let (guard, seen) = (guard.clone(), Arc::clone(&seen_by_the_writer));
+        service_fn(move |request: Request<Body>| {
+            let key = request
+                .uri()
+                .path()
+                .trim_start_matches("/items/")
+                .to_owned();
+            if guard.check(&key) == Verdict::MaybePresent {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+            async move { Ok::<_, Infallible>(Response::new(String::new())) }
+        })
+    };
+    let service = InsertLayer::for_http(guard.clone(), |r: &Request<Body>| {
+        (r.method() == Method::POST)
+            .then(|| r.uri().path().strip_prefix("/items/"))
+            .flatten()
+    })
+    .layer(writer);
+    for id in 0..100 {
+        let request = Request::post(format!("/items/new-{id}"))
+            .body(String::new())
+            .unwrap();
+        service.clone().oneshot(request).await.unwrap();
+    }
+    assert_eq!(seen_by_the_writer.load(Ordering::SeqCst), 100);
+    assert_eq!(guard.stats().inserts, 100);
+    // GETs are not writes.
+    service
+        .clone()
+        .oneshot(get("/items/read-only"))
+        .await
+        .unwrap();
+    assert_eq!(guard.stats().inserts, 100);
+}

@@ -1,0 +1,216 @@
+//! `GuardedLoader`: the guard's answers, coalescing of concurrent loads
+//! (completion, errors, cancellation), and the cache of confirmed false positives.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bloomguard::{Guard, GuardedLoader, Rebuild};
+use tokio::sync::Semaphore;
+
+type GateLoad = std::pin::Pin<Box<dyn Future<Output = Result<Option<usize>, String>> + Send>>;
+
+/// A loader whose calls wait for a permit, and that counts them.
+#[derive(Clone)]
+struct Gate {
+    calls: Arc<AtomicUsize>,
+    open: Arc<Semaphore>,
+}
+
+impl Gate {
+    fn closed() -> Self {
+        Self {
+            calls: Arc::new(AtomicUsize::new(0)),
+            open: Arc::new(Semaphore::new(0)),
+        }
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Answers `key.len()` for keys starting with "item", `None` otherwise,
+    /// and fails for "broken".
+    fn loader(&self) -> impl Fn(String) -> GateLoad + Send + Sync + 'static {
+        let gate = self.clone();
+        move |key: String| {
+            let gate = gate.clone();
+            Box::pin(async move {
+                gate.calls.fetch_add(1, Ordering::SeqCst);
+                gate.open.acquire().await.unwrap().forget();
+                match key.as_str() {
+                    "broken" => Err(format!("cannot load {key}")),
+                    k if k.starts_with("item") => Ok(Some(k.len())),
+                    _ => Ok(None),
+                }
+            })
+        }
+    }
+}
+
+async fn wait_for(what: &str, condition: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+fn guard_with(keys: &[&str]) -> Guard {
+    let guard = Guard::builder().expected_items(10_000).build().unwrap();
+    for key in keys {
+        guard.insert(key);
+    }
+    guard
+}
+
+#[tokio::test]
+async fn absent_keys_never_reach_the_loader() {
+    let gate = Gate::closed();
+    gate.open.add_permits(1_000);
+    let loader = GuardedLoader::new(guard_with(&["item:1"]), gate.loader());
+    let mut maybe = 0;
+    for i in 0..1_000 {
+        assert_eq!(loader.get(format!("absent:{i}")).await.unwrap(), None);
+    }
+    maybe += loader.guard().stats().checks.maybe_present;
+    assert_eq!(
+        gate.calls() as u64,
+        maybe,
+        "only false positives were loaded"
+    );
+    assert_eq!(loader.get("item:1".into()).await.unwrap(), Some(6));
+    let stats = loader.guard().stats();
+    assert_eq!((stats.found, stats.false_positives), (1, maybe));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_loads_of_one_key_share_one_call() {
+    let gate = Gate::closed();
+    let loader = GuardedLoader::new(guard_with(&["item:7"]), gate.loader());
+    let waiters: Vec<_> = (0..10)
+        .map(|_| {
+            let loader = loader.clone();
+            tokio::spawn(async move { loader.get("item:7".to_string()).await })
+        })
+        .collect();
+    wait_for("the first call", || gate.calls() == 1).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(gate.calls(), 1, "the others wait for it");
+    assert_eq!(loader.in_flight(), 1);
+    gate.open.add_permits(1);
+    for waiter in waiters {
+        assert_eq!(waiter.await.unwrap().unwrap(), Some(6));
+    }
+    assert_eq!(gate.calls(), 1);
+    assert_eq!(
+        loader.in_flight(),
+        0,
+        "the entry is removed when the call completes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_reaches_every_waiter_and_is_not_cached() {
+    let gate = Gate::closed();
+    let loader = GuardedLoader::new(guard_with(&["broken"]), gate.loader());
+    let waiters: Vec<_> = (0..5)
+        .map(|_| {
+            let loader = loader.clone();
+            tokio::spawn(async move { loader.get("broken".to_string()).await })
+        })
+        .collect();
+    wait_for("the first call", || gate.calls() == 1).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    gate.open.add_permits(1);
+    let errors: Vec<Arc<String>> = futures_errors(waiters).await;
+    assert!(
+        errors.iter().all(|e| Arc::ptr_eq(e, &errors[0])),
+        "one shared error"
+    );
+    assert_eq!(*errors[0], "cannot load broken");
+    assert_eq!(loader.in_flight(), 0, "removed on error too");
+    gate.open.add_permits(1);
+    assert!(loader.get("broken".to_string()).await.is_err());
+    assert_eq!(gate.calls(), 2, "a later load calls again");
+    let stats = loader.guard().stats();
+    assert_eq!(
+        (stats.found, stats.false_positives),
+        (0, 0),
+        "errors are not outcomes"
+    );
+}
+
+async fn futures_errors(
+    waiters: Vec<tokio::task::JoinHandle<Result<Option<usize>, Arc<String>>>>,
+) -> Vec<Arc<String>> {
+    let mut errors = Vec::new();
+    for waiter in waiters {
+        errors.push(waiter.await.unwrap().unwrap_err());
+    }
+    errors
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_takes_over_when_the_first_caller_is_cancelled() {
+    let gate = Gate::closed();
+    let loader = GuardedLoader::new(guard_with(&["item:9"]), gate.loader());
+    let first = tokio::spawn({
+        let loader = loader.clone();
+        async move { loader.get("item:9".to_string()).await }
+    });
+    wait_for("the first call", || gate.calls() == 1).await;
+    let second = tokio::spawn({
+        let loader = loader.clone();
+        async move { loader.get("item:9".to_string()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    wait_for("the waiter to call again", || gate.calls() == 2).await;
+    gate.open.add_permits(1);
+    assert_eq!(second.await.unwrap().unwrap(), Some(6));
+    assert_eq!(loader.in_flight(), 0, "removed on cancellation too");
+}
+
+#[tokio::test(start_paused = true)]
+async fn confirmed_false_positives_are_cached_until_inserted_or_expired() {
+    let settle = Duration::from_millis(100);
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .rebuild(Rebuild::manual().write_settle(settle))
+        .confirmed_absent_cache(100, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let gate = Gate::closed();
+    gate.open.add_permits(100);
+    let loader = GuardedLoader::new(guard.clone(), gate.loader());
+    // "ghost" is in the filter but not in the store: a false positive.
+    guard.insert("ghost");
+    tokio::time::advance(2 * settle).await;
+
+    assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
+    assert_eq!(gate.calls(), 1);
+    assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
+    assert_eq!(gate.calls(), 1, "the confirmed answer is reused");
+    assert_eq!(guard.stats().confirmed_absent_hits, 1);
+
+    // An insert drops the cached answer at once.
+    guard.insert("ghost");
+    assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
+    assert_eq!(gate.calls(), 2, "asked again after the insert");
+    // And an answer from within the write settle of that insert is not cached.
+    assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
+    assert_eq!(gate.calls(), 3);
+
+    tokio::time::advance(2 * settle).await;
+    assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
+    assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
+    assert_eq!(gate.calls(), 4, "cached again once the insert has settled");
+    tokio::time::advance(Duration::from_secs(61)).await;
+    assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
+    assert_eq!(gate.calls(), 5, "expired after the ttl");
+}

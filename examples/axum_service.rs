@@ -46,6 +46,8 @@ pub(crate) const SEEDED_ITEMS: u64 = 100_000;
 pub(crate) struct Store {
     items: DashMap<String, Bytes>,
     reads: AtomicU64,
+    /// How long a read waits, standing in for a remote backend's round trip.
+    read_delay: Option<Duration>,
 }
 
 impl Store {
@@ -57,6 +59,13 @@ impl Store {
                 .insert(id.to_string(), Bytes::from(format!("item {id}")));
         }
         store
+    }
+
+    /// Every read waits `delay` first, like a backend across the network
+    /// (tokio's timer rounds it up to whole milliseconds).
+    pub(crate) fn with_read_delay(mut self, delay: Duration) -> Self {
+        self.read_delay = Some(delay);
+        self
     }
 
     /// Reads the store has served: the backend calls the guard did not avoid.
@@ -104,10 +113,7 @@ pub(crate) fn guard_over(store: &Arc<Store>) -> Guard {
 
 /// The service: routes, the guard on reads, the insert on writes.
 pub(crate) fn app(store: Arc<Store>, guard: Guard, prometheus: PrometheusHandle) -> Router {
-    Router::new()
-        .route("/items/{id}", get(read_item).post(write_item))
-        .route("/stats", get(stats))
-        .route("/metrics", get(metrics))
+    routes()
         .layer(GuardLayer::for_http(guard.clone(), item_id(Method::GET)))
         .layer(InsertLayer::for_http(guard.clone(), item_id(Method::POST)))
         .with_state(AppState {
@@ -117,8 +123,34 @@ pub(crate) fn app(store: Arc<Store>, guard: Guard, prometheus: PrometheusHandle)
         })
 }
 
+/// The same service without the guard layer on reads, for comparison
+/// (`benches/http.rs`).
+pub(crate) fn unguarded_app(
+    store: Arc<Store>,
+    guard: Guard,
+    prometheus: PrometheusHandle,
+) -> Router {
+    routes()
+        .layer(InsertLayer::for_http(guard.clone(), item_id(Method::POST)))
+        .with_state(AppState {
+            store,
+            guard,
+            prometheus,
+        })
+}
+
+fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/items/{id}", get(read_item).post(write_item))
+        .route("/stats", get(stats))
+        .route("/metrics", get(metrics))
+}
+
 async fn read_item(State(state): State<AppState>, Path(id): Path<String>) -> impl IntoResponse {
     state.store.reads.fetch_add(1, Ordering::Relaxed);
+    if let Some(delay) = state.store.read_delay {
+        tokio::time::sleep(delay).await;
+    }
     match state.store.items.get(&id) {
         Some(value) => (StatusCode::OK, value.clone()).into_response(),
         None => StatusCode::NOT_FOUND.into_response(),
@@ -184,7 +216,22 @@ pub(crate) async fn start(
     prometheus: PrometheusHandle,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<Running> {
-    let store = Arc::new(Store::seeded(SEEDED_ITEMS));
+    let store = Store::seeded(SEEDED_ITEMS);
+    start_with(app, store, address, prometheus, shutdown).await
+}
+
+/// Makes the router of the service.
+pub(crate) type MakeApp = fn(Arc<Store>, Guard, PrometheusHandle) -> Router;
+
+/// [`start`] with the router made by `make_app`, over `store`.
+pub(crate) async fn start_with(
+    make_app: MakeApp,
+    store: Store,
+    address: SocketAddr,
+    prometheus: PrometheusHandle,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<Running> {
+    let store = Arc::new(store);
     let guard = guard_over(&store);
     let maintenance = guard.spawn_maintenance();
     while guard.is_warming() {
@@ -192,7 +239,7 @@ pub(crate) async fn start(
     }
     let listener = tokio::net::TcpListener::bind(address).await?;
     let address = listener.local_addr()?;
-    let service = app(Arc::clone(&store), guard.clone(), prometheus);
+    let service = make_app(Arc::clone(&store), guard.clone(), prometheus);
     let server = tokio::spawn(async move {
         axum::serve(listener, service)
             .with_graceful_shutdown(shutdown)

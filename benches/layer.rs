@@ -1,0 +1,110 @@
+//! What `GuardService` adds to a request: the layer over a no-op inner
+//! service against the bare inner service, for absent and maybe-present keys.
+//!
+//! ```text
+//! cargo bench --bench layer
+//! ```
+//!
+//! Futures are polled by hand with a no-op waker (every one is ready at
+//! once), so the figures are the layer's own cost, without a runtime. Each
+//! timed iteration makes 64 calls.
+
+mod common;
+
+use std::convert::Infallible;
+use std::future::{Future, Ready, ready};
+use std::hint::black_box;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bloomguard::{Guard, GuardLayer};
+use common::KeySet;
+use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
+use tower::{Layer, Service, service_fn};
+
+const CHUNK: usize = 64;
+const KEYS: usize = 100_000;
+
+fn poll_ready_now<F: Future>(future: F) -> F::Output {
+    let mut context = Context::from_waker(Waker::noop());
+    match pin!(future).poll(&mut context) {
+        Poll::Ready(output) => output,
+        Poll::Pending => unreachable!("every future here is ready at once"),
+    }
+}
+
+/// The inner service: answers at once, found.
+fn no_op() -> impl Service<
+    &'static [u8],
+    Response = Option<u32>,
+    Error = Infallible,
+    Future = Ready<Result<Option<u32>, Infallible>>,
+> + Clone {
+    service_fn(|_key: &'static [u8]| ready(Ok(Some(1))))
+}
+
+fn bench_calls<S>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    id: &str,
+    keys: &[&'static [u8]],
+    mut service: S,
+) where
+    S: Service<&'static [u8], Response = Option<u32>, Error = Infallible>,
+{
+    let mut next = 0;
+    group.bench_function(id, |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                if next + CHUNK > keys.len() {
+                    next = 0;
+                }
+                for key in &keys[next..next + CHUNK] {
+                    let response = poll_ready_now(service.call(black_box(key)));
+                    black_box(response.unwrap());
+                }
+                next += CHUNK;
+            }
+            start.elapsed()
+        })
+    });
+}
+
+fn leak(keys: &KeySet) -> Vec<&'static [u8]> {
+    (0..keys.len())
+        .map(|i| &*Box::leak(keys.get(i).to_vec().into_boxed_slice()))
+        .collect()
+}
+
+fn main() {
+    let mut criterion = Criterion::default().configure_from_args();
+    let present = leak(&KeySet::generate("user", KEYS, 1));
+    let absent = leak(&KeySet::generate("absent", KEYS, 2));
+    let guard = Guard::builder()
+        .expected_items(KEYS as u64)
+        .false_positive_rate(0.01)
+        .build()
+        .unwrap();
+    for key in &present {
+        guard.insert(key);
+    }
+    let layer = GuardLayer::for_loader(guard);
+
+    let mut group = criterion.benchmark_group("layer");
+    group
+        .throughput(Throughput::Elements(CHUNK as u64))
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2));
+    bench_calls(&mut group, "bare/no-op", &absent, no_op());
+    bench_calls(&mut group, "absent/guarded", &absent, layer.layer(no_op()));
+    bench_calls(
+        &mut group,
+        "maybe-present/guarded",
+        &present,
+        layer.layer(no_op()),
+    );
+    group.finish();
+    criterion.final_summary();
+}

@@ -96,7 +96,6 @@ impl<K: AsRef<[u8]>, V> GuardPolicy<K, Option<V>> for LoaderPolicy {
 }
 
 /// Wraps services in a [`GuardService`]. See the [module docs](self).
-#[derive(Clone)]
 pub struct GuardLayer<P> {
     guard: Guard,
     policy: Arc<P>,
@@ -123,6 +122,15 @@ impl<P> GuardLayer<P> {
     /// The guard this layer checks.
     pub fn guard(&self) -> &Guard {
         &self.guard
+    }
+}
+
+impl<P> Clone for GuardLayer<P> {
+    fn clone(&self) -> Self {
+        Self {
+            guard: self.guard.clone(),
+            policy: Arc::clone(&self.policy),
+        }
     }
 }
 

@@ -114,7 +114,7 @@ fn thread_stripe() -> usize {
     })
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(bloomguard_loom)))]
 mod tests {
     use super::*;
 

@@ -1,7 +1,7 @@
 //! The one place the crate takes its atomic types from, so that a `loom` model
-//! (built with `RUSTFLAGS="--cfg loom"`) can swap in its checked versions.
+//! (built with `RUSTFLAGS="--cfg bloomguard_loom"`) can swap in its checked versions.
 
-#[cfg(loom)]
+#[cfg(bloomguard_loom)]
 pub(crate) use loom::sync::atomic::{AtomicU64, Ordering, fence};
-#[cfg(not(loom))]
+#[cfg(not(bloomguard_loom))]
 pub(crate) use std::sync::atomic::{AtomicU64, Ordering, fence};

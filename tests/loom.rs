@@ -2,9 +2,9 @@
 //! explores. Run with:
 //!
 //! ```text
-//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom
+//! RUSTFLAGS="--cfg bloomguard_loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom
 //! ```
-#![cfg(loom)]
+#![cfg(bloomguard_loom)]
 
 use bloomguard::{AtomicBloom, FilterBuilder};
 use loom::sync::Arc;

@@ -125,3 +125,42 @@ impl std::fmt::Debug for PendingWrite {
             .finish()
     }
 }
+
+/// The handshake between an insert and a rebuild, under every interleaving
+/// loom explores (`RUSTFLAGS="--cfg bloomguard_loom" cargo test --release --lib`). The
+/// flag stands for the `ArcSwap` store that installs the filter being built,
+/// with orderings weaker than `arc-swap`'s own.
+#[cfg(all(test, bloomguard_loom))]
+mod loom_tests {
+    use loom::sync::Arc;
+    use loom::sync::atomic::AtomicBool;
+
+    use super::*;
+
+    #[test]
+    fn a_rebuild_never_misses_an_insert_that_missed_its_filter() {
+        loom::model(|| {
+            let tracker = Arc::new(WriteTracker::new());
+            let installed = Arc::new(AtomicBool::new(false));
+            let writer = {
+                let (tracker, installed) = (Arc::clone(&tracker), Arc::clone(&installed));
+                loom::thread::spawn(move || {
+                    let stripe = tracker.enter();
+                    let saw_the_new_filter = installed.load(Ordering::Relaxed);
+                    if saw_the_new_filter {
+                        tracker.exit(stripe);
+                    }
+                    // Otherwise the write is still pending: the count stays.
+                    saw_the_new_filter
+                })
+            };
+            installed.store(true, Ordering::Relaxed);
+            let quiet = tracker.is_quiet();
+            let saw_the_new_filter = writer.join().unwrap();
+            assert!(
+                saw_the_new_filter || !quiet,
+                "the rebuild saw no pending write, yet the insert went to the old filter only"
+            );
+        });
+    }
+}

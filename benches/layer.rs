@@ -71,6 +71,26 @@ fn bench_calls<S>(
     });
 }
 
+/// Calls a fresh clone of the service each time, as axum's router does.
+struct ClonePerCall<S>(S);
+
+impl<S, R> Service<R> for ClonePerCall<S>
+where
+    S: Service<R> + Clone,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        self.0.clone().call(request)
+    }
+}
+
 fn leak(keys: &KeySet) -> Vec<&'static [u8]> {
     (0..keys.len())
         .map(|i| &*Box::leak(keys.get(i).to_vec().into_boxed_slice()))

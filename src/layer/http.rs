@@ -5,7 +5,7 @@ use std::fmt;
 use http::{Request, Response, StatusCode};
 
 use super::{GuardLayer, GuardPolicy};
-use crate::guard::{Guard, GuardReader, Verdict};
+use crate::guard::Guard;
 
 /// Picks the key of an HTTP request, or `None` to let it through unguarded
 /// (other routes, other methods).
@@ -55,9 +55,8 @@ impl<B, ResBody, K: HttpKey<B>> GuardPolicy<Request<B>, Response<ResBody>>
     for HttpPolicy<K, ResBody>
 {
     #[inline]
-    fn check(&self, reader: &mut GuardReader, request: &Request<B>) -> Option<Verdict> {
-        let key = self.key.key(request)?;
-        Some(reader.check(key))
+    fn key<'r>(&self, request: &'r Request<B>) -> Option<&'r [u8]> {
+        self.key.key(request).map(str::as_bytes)
     }
 
     #[inline]

@@ -61,9 +61,9 @@ pub use insert::{InsertFuture, InsertLayer, InsertService};
 /// [`LoaderPolicy`] and [`HttpPolicy`] are the ready-made ones; implement it
 /// for other request shapes.
 pub trait GuardPolicy<Request, Response> {
-    /// Checks the request's key with `reader`; `None` when the request has
-    /// no key and passes through unguarded.
-    fn check(&self, reader: &mut GuardReader, request: &Request) -> Option<Verdict>;
+    /// The request's key, borrowed from it; `None` when the request has no
+    /// key and passes through unguarded.
+    fn key<'r>(&self, request: &'r Request) -> Option<&'r [u8]>;
 
     /// The response for a request whose key is absent. Called on the hot
     /// path: it should not allocate.
@@ -81,8 +81,8 @@ pub struct LoaderPolicy;
 
 impl<K: AsRef<[u8]>, V> GuardPolicy<K, Option<V>> for LoaderPolicy {
     #[inline]
-    fn check(&self, reader: &mut GuardReader, key: &K) -> Option<Verdict> {
-        Some(reader.check(key.as_ref()))
+    fn key<'r>(&self, key: &'r K) -> Option<&'r [u8]> {
+        Some(key.as_ref())
     }
 
     #[inline]
@@ -140,7 +140,8 @@ impl<S, P> Layer<S> for GuardLayer<P> {
     fn layer(&self, inner: S) -> Self::Service {
         GuardService {
             inner,
-            reader: self.guard.reader(),
+            guard: self.guard.clone(),
+            reader: Reader::Unused,
             policy: Arc::clone(&self.policy),
         }
     }
@@ -154,13 +155,27 @@ impl<P> fmt::Debug for GuardLayer<P> {
     }
 }
 
-/// A service behind a guard, made by [`GuardLayer`]. Each clone checks
-/// through its own [`GuardReader`] (a few ns a check), so clone it per
-/// connection or task as tower does.
+/// A service behind a guard, made by [`GuardLayer`].
+///
+/// A clone's first request is checked with [`Guard::check`]; from its second
+/// on, it checks through a [`GuardReader`] of its own (a few ns cheaper a
+/// check). So a service cloned per request, as axum's router does, never
+/// pays for setting up a reader, and one kept per connection or worker gets
+/// the faster path.
 pub struct GuardService<S, P> {
     inner: S,
-    reader: GuardReader,
+    guard: Guard,
+    reader: Reader,
     policy: Arc<P>,
+}
+
+/// How a [`GuardService`] clone checks keys (see its docs).
+enum Reader {
+    /// No request yet.
+    Unused,
+    /// One request, checked through the guard.
+    UsedOnce,
+    Cached(GuardReader),
 }
 
 impl<S, P> GuardService<S, P> {
@@ -194,15 +209,30 @@ where
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        match self.policy.check(&mut self.reader, &request) {
-            Some(Verdict::Absent) => ResponseFuture::absent(self.policy.absent_response()),
-            Some(verdict) => ResponseFuture::called::<Request>(
+        let Some(key) = self.policy.key(&request) else {
+            return ResponseFuture::passed_through(self.inner.call(request));
+        };
+        let verdict = match &mut self.reader {
+            Reader::Cached(reader) => reader.check(key),
+            Reader::UsedOnce => {
+                let mut reader = self.guard.reader();
+                let verdict = reader.check(key);
+                self.reader = Reader::Cached(reader);
+                verdict
+            }
+            Reader::Unused => {
+                self.reader = Reader::UsedOnce;
+                self.guard.check(key)
+            }
+        };
+        match verdict {
+            Verdict::Absent => ResponseFuture::absent(self.policy.absent_response()),
+            verdict => ResponseFuture::called::<Request>(
                 self.inner.call(request),
-                self.reader.guard().clone(),
+                self.guard.clone(),
                 verdict,
                 Arc::clone(&self.policy),
             ),
-            None => ResponseFuture::passed_through(self.inner.call(request)),
         }
     }
 }
@@ -211,7 +241,8 @@ impl<S: Clone, P> Clone for GuardService<S, P> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            reader: self.reader.clone(),
+            guard: self.guard.clone(),
+            reader: Reader::Unused,
             policy: Arc::clone(&self.policy),
         }
     }
@@ -221,7 +252,7 @@ impl<S: fmt::Debug, P> fmt::Debug for GuardService<S, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GuardService")
             .field("inner", &self.inner)
-            .field("guard", self.reader.guard())
+            .field("guard", &self.guard)
             .finish_non_exhaustive()
     }
 }

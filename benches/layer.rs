@@ -125,6 +125,12 @@ fn main() {
         &present,
         layer.layer(no_op()),
     );
+    bench_calls(
+        &mut group,
+        "absent/guarded-clone-per-call",
+        &absent,
+        ClonePerCall(layer.layer(no_op())),
+    );
     group.finish();
     criterion.final_summary();
 }

@@ -1,0 +1,295 @@
+//! The `redis` feature against a real `redis-server` that each test starts on
+//! a free loopback port and stops. Without `redis-server` the tests are
+//! skipped, except under CI (`CI=true`), where that is a failure.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use bloomguard::redis::{RedisLoader, RedisSource};
+use bloomguard::{Guard, GuardLayer, GuardedLoader, Rebuild, Verdict};
+use tower::{ServiceExt, layer::Layer};
+
+/// A `redis-server` of this test's own, killed on drop.
+struct RedisServer {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port; `None` (skip) when `redis-server` is
+    /// missing outside CI.
+    fn start() -> Option<Self> {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free loopback port")
+            .port();
+        Self::start_on(port)
+    }
+
+    fn start_on(port: u16) -> Option<Self> {
+        let spawned = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match spawned {
+            Ok(child) => child,
+            Err(error) if std::env::var("CI").as_deref() == Ok("true") => {
+                panic!("CI needs redis-server: {error}")
+            }
+            Err(error) => {
+                eprintln!("skipped: cannot start redis-server ({error})");
+                return None;
+            }
+        };
+        let server = Self {
+            port,
+            child: Some(child),
+        };
+        server.wait_until_up();
+        Some(server)
+    }
+
+    fn wait_until_up(&self) {
+        let client = self.client();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let pong: Result<String, _> = client
+                .get_connection()
+                .and_then(|mut c| redis::cmd("PING").query(&mut c));
+            if pong.is_ok() {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "redis-server did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).unwrap()
+    }
+
+    /// Writes `item:{i}` = `value {i}` for every `i` in `ids`.
+    fn populate(&self, ids: std::ops::Range<u64>) {
+        let mut connection = self.client().get_connection().unwrap();
+        let ids: Vec<u64> = ids.collect();
+        for chunk in ids.chunks(10_000) {
+            let mut command = redis::cmd("MSET");
+            for id in chunk {
+                command.arg(format!("item:{id}")).arg(format!("value {id}"));
+            }
+            let () = command.query(&mut connection).unwrap();
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn wait_until(what: &str, condition: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn guard_over(server: &RedisServer, policy: Rebuild) -> Guard {
+    Guard::builder()
+        .expected_items(100_000)
+        .source(RedisSource::new(server.client(), "item:*").strip_prefix("item:"))
+        .rebuild(policy.retry_backoff(Duration::from_millis(20), Duration::from_millis(200)))
+        .maintenance_interval(Duration::from_millis(20))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_rebuilds_from_scan_and_loads_with_get_and_mget() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    server.populate(0..50_000);
+    let guard = guard_over(&server, Rebuild::manual().write_settle(Duration::ZERO));
+    let report = guard.rebuild().await.unwrap();
+    assert_eq!(report.keys, 50_000);
+    for id in (0..50_000).step_by(7) {
+        assert_eq!(
+            guard.check(id.to_string()),
+            Verdict::MaybePresent,
+            "id {id}"
+        );
+    }
+    let absent = (0..10_000)
+        .filter(|i| guard.check(format!("absent-{i}")).is_absent())
+        .count();
+    assert!(
+        absent > 9_700,
+        "{absent} of 10000 absent ids answered absent"
+    );
+
+    let loader = RedisLoader::new(server.client()).prefix("item:");
+    assert_eq!(loader.get("42").await.unwrap(), Some(b"value 42".to_vec()));
+    assert_eq!(loader.get("nope").await.unwrap(), None);
+    let many = loader.get_many(&["1", "nope", "3"]).await.unwrap();
+    assert_eq!(
+        many,
+        vec![Some(b"value 1".to_vec()), None, Some(b"value 3".to_vec())]
+    );
+
+    let guarded = GuardedLoader::new(guard.clone(), loader.clone());
+    assert_eq!(
+        guarded.get("7".to_string()).await.unwrap(),
+        Some(b"value 7".to_vec())
+    );
+    let service = GuardLayer::for_loader(guard.clone()).layer(loader);
+    assert_eq!(
+        service.clone().oneshot("8".to_string()).await.unwrap(),
+        Some(b"value 8".to_vec())
+    );
+    assert_eq!(service.oneshot("absent-1".to_string()).await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_at_start_keeps_the_guard_warming_until_it_comes_up() {
+    let Some(mut probe) = RedisServer::start() else {
+        return;
+    };
+    let port = probe.port;
+    probe.kill(); // the port is known; nothing listens on it now
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let guard = Guard::builder()
+        .expected_items(100_000)
+        .source(RedisSource::new(client.clone(), "item:*").strip_prefix("item:"))
+        .rebuild(
+            Rebuild::manual()
+                .write_settle(Duration::ZERO)
+                .retry_backoff(Duration::from_millis(20), Duration::from_millis(200)),
+        )
+        .maintenance_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let maintenance = guard.spawn_maintenance();
+    wait_until("failed first builds", || guard.stats().rebuilds.failed >= 2).await;
+    assert_eq!(
+        guard.check("1"),
+        Verdict::Warming,
+        "never Absent while Redis is down"
+    );
+    let loader = GuardedLoader::new(guard.clone(), RedisLoader::new(client).prefix("item:"));
+    assert!(
+        loader.get("1".to_string()).await.is_err(),
+        "the backend path fails as the backend does"
+    );
+
+    let server = RedisServer::start_on(port).unwrap();
+    server.populate(0..10_000);
+    wait_until("the first build once Redis is up", || !guard.is_warming()).await;
+    maintenance.shutdown().await;
+    for id in 0..10_000 {
+        assert_eq!(guard.check(id.to_string()), Verdict::MaybePresent);
+    }
+    assert_eq!(
+        loader.get("1".to_string()).await.unwrap(),
+        Some(b"value 1".to_vec())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_scan_leaves_the_old_filter_serving() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let port = server.port;
+    server.populate(0..100_000);
+    // Ten keys a SCAN call: the pass takes thousands of round trips.
+    let guard = Guard::builder()
+        .expected_items(200_000)
+        .source(
+            RedisSource::new(server.client(), "item:*")
+                .strip_prefix("item:")
+                .count(10),
+        )
+        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
+        .build()
+        .unwrap();
+    guard.rebuild().await.unwrap();
+    let generation = guard.stats().generation;
+
+    let rebuilding = tokio::spawn({
+        let guard = guard.clone();
+        async move { guard.rebuild().await }
+    });
+    wait_until("the second rebuild to start", || guard.stats().rebuilding).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!rebuilding.is_finished(), "the scan was still running");
+    server.kill();
+    let error = rebuilding.await.unwrap().unwrap_err();
+    assert!(
+        matches!(error, bloomguard::RebuildError::Source(_)),
+        "{error}"
+    );
+    let stats = guard.stats();
+    assert_eq!(stats.rebuilds.failed, 1);
+    assert_eq!(stats.generation, generation, "the old filter is still live");
+    for id in (0..100_000).step_by(13) {
+        assert_eq!(guard.check(id.to_string()), Verdict::MaybePresent);
+    }
+
+    let server = RedisServer::start_on(port).unwrap();
+    server.populate(0..100_000);
+    let report = guard.rebuild().await.unwrap();
+    assert_eq!(report.keys, 100_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loader_reconnects_after_redis_restarts() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let port = server.port;
+    server.populate(0..10);
+    let loader = RedisLoader::new(server.client())
+        .prefix("item:")
+        .timeout(Duration::from_millis(500));
+    assert_eq!(loader.get("1").await.unwrap(), Some(b"value 1".to_vec()));
+
+    server.kill();
+    assert!(loader.get("1").await.is_err(), "Redis is down");
+    let server = RedisServer::start_on(port).unwrap();
+    server.populate(0..10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(value) = loader.get("2").await {
+            assert_eq!(value, Some(b"value 2".to_vec()));
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the loader never reconnected"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

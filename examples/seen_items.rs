@@ -1,18 +1,24 @@
-//! The seen-items gate: "has this user already seen this item?", answered by an
-//! `AtomicBloom` in front of the store, so that only "maybe" answers cost a lookup.
+//! The seen-items gate: "has this user already seen this item?", answered by a
+//! `Guard` in front of the store, so that only "maybe" answers cost a lookup.
 //!
 //! ```text
-//! cargo run --release --example seen_items
+//! cargo run --release --features redis --example seen_items
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --release --features redis --example seen_items
 //! ```
 //!
-//! The store here is an embedded in-memory set. (The guard with background
-//! rebuilds, the tower layer and the Redis store are being built on top of this
-//! filter; this example grows with them.)
+//! The store is an embedded in-memory set, or a real Redis when `REDIS_URL`
+//! is set (and the `redis` feature is on): the history is written there under
+//! `bloomguard:seen:`, the guard's first build SCANs it back, and the "maybe"
+//! candidates of each request are verified with one MGET. Either way every
+//! answer is checked against the generated history: a false negative stops
+//! the run. (Issue #6 grows this into the full demo: Zipf workloads, a
+//! report with latency, the lifecycle over time, a picture.)
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
 
-use bloomguard::AtomicBloom;
+use bloomguard::{Guard, Rebuild, Verdict, source};
 
 const USERS: u64 = 20_000;
 const ITEMS: u64 = 500_000;
@@ -64,32 +70,108 @@ fn generate_history(rng: &mut Rng) -> (HashSet<String>, Vec<Vec<u64>>) {
     (store, seen_by_user)
 }
 
-fn main() {
-    if std::env::var_os("REDIS_URL").is_some() {
-        eprintln!(
-            "note: REDIS_URL is set, but the Redis store is not built yet; using the in-memory store"
-        );
+/// Where the seen history lives.
+enum Store {
+    Memory(Arc<HashSet<String>>),
+    #[cfg(feature = "redis")]
+    Redis(bloomguard::redis::RedisLoader),
+}
+
+/// Redis keys are `REDIS_PREFIX + user:…:item:…`.
+#[cfg(feature = "redis")]
+const REDIS_PREFIX: &str = "bloomguard:seen:";
+
+impl Store {
+    /// The store the environment asks for, with the guard reading it.
+    async fn open(
+        history: &Arc<HashSet<String>>,
+    ) -> Result<(Self, Guard), Box<dyn std::error::Error>> {
+        let builder = Guard::builder()
+            .name("seen_items")
+            .expected_items(history.len() as u64)
+            .false_positive_rate(TARGET_FPR)
+            .rebuild(Rebuild::manual().write_settle(std::time::Duration::ZERO));
+        if let Ok(url) = std::env::var("REDIS_URL") {
+            #[cfg(feature = "redis")]
+            {
+                use bloomguard::redis::{RedisLoader, RedisSource};
+                let client = redis::Client::open(url.as_str())?;
+                let mut connection = client.get_multiplexed_async_connection().await?;
+                let keys: Vec<&String> = history.iter().collect();
+                for chunk in keys.chunks(10_000) {
+                    let mut command = redis::cmd("MSET");
+                    for key in chunk {
+                        command.arg(format!("{REDIS_PREFIX}{key}")).arg(1);
+                    }
+                    let () = command.query_async(&mut connection).await?;
+                }
+                println!(
+                    "store: Redis at {url} ({} keys written under {REDIS_PREFIX})",
+                    keys.len()
+                );
+                let source = RedisSource::new(client.clone(), format!("{REDIS_PREFIX}*"))
+                    .strip_prefix(REDIS_PREFIX);
+                let loader = RedisLoader::new(client).prefix(REDIS_PREFIX);
+                return Ok((Self::Redis(loader), builder.source(source).build()?));
+            }
+            #[cfg(not(feature = "redis"))]
+            eprintln!(
+                "note: REDIS_URL={url} is set, but the `redis` feature is off; using the in-memory store"
+            );
+        }
+        println!("store: in-memory set");
+        let listed = Arc::clone(history);
+        let source = source::from_fn(move || listed.iter().cloned().collect::<Vec<_>>());
+        Ok((
+            Self::Memory(Arc::clone(history)),
+            builder.source(source).build()?,
+        ))
     }
+
+    /// Which of `keys` the store holds: one lookup each in memory, one MGET for Redis.
+    async fn contains_many(
+        &self,
+        keys: &[&String],
+    ) -> Result<Vec<bool>, Box<dyn std::error::Error>> {
+        match self {
+            Self::Memory(set) => Ok(keys.iter().map(|key| set.contains(*key)).collect()),
+            #[cfg(feature = "redis")]
+            Self::Redis(loader) => Ok(loader
+                .get_many(keys)
+                .await?
+                .into_iter()
+                .map(|value| value.is_some())
+                .collect()),
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut rng = Rng(0x5eed);
-    let (store, seen_by_user) = generate_history(&mut rng);
+    let (history, seen_by_user) = generate_history(&mut rng);
+    let history = Arc::new(history);
     println!(
         "history: {} users, {} seen (user, item) pairs",
         USERS,
-        store.len()
+        history.len()
     );
 
+    let (store, guard) = Store::open(&history).await?;
     let started = Instant::now();
-    let filter = AtomicBloom::new(store.len() as u64, TARGET_FPR).expect("valid parameters");
-    for key in &store {
-        filter.insert(key);
-    }
-    println!("filter built from the store in {:.1?}", started.elapsed());
+    let report = guard.rebuild().await?;
+    println!(
+        "guard built from the store in {:.1?} ({} keys)",
+        started.elapsed(),
+        report.keys
+    );
 
     // Replay feed requests: each checks 120 candidates, 97 % of them unseen.
     let mut candidates = Vec::with_capacity(CANDIDATES_PER_REQUEST as usize);
-    let mut found = vec![false; CANDIDATES_PER_REQUEST as usize];
+    let mut verdicts = vec![Verdict::Warming; CANDIDATES_PER_REQUEST as usize];
     let (mut checks, mut backend_calls, mut false_positives, mut unseen) = (0u64, 0u64, 0u64, 0u64);
     let mut gate_time = std::time::Duration::ZERO;
+    let replay_started = Instant::now();
     for _ in 0..REQUESTS {
         let user = rng.below(USERS);
         let seen = &seen_by_user[user as usize];
@@ -104,24 +186,37 @@ fn main() {
             candidates.push(seen_key(user, item));
         }
         let gate = Instant::now();
-        filter.contains_many(&candidates, &mut found);
+        guard.check_many(&candidates, &mut verdicts);
         gate_time += gate.elapsed();
-        for (key, &maybe) in candidates.iter().zip(&found) {
+        let maybe: Vec<&String> = candidates
+            .iter()
+            .zip(&verdicts)
+            .filter(|(_, verdict)| !verdict.is_absent())
+            .map(|(key, _)| key)
+            .collect();
+        let in_store = store.contains_many(&maybe).await?;
+        for (key, found) in maybe.iter().zip(&in_store) {
+            guard.record_outcome(key, *found);
+        }
+        for (key, verdict) in candidates.iter().zip(&verdicts) {
             checks += 1;
-            let really_seen = store.contains(key);
+            let really_seen = history.contains(key);
             assert!(
-                maybe || !really_seen,
+                !verdict.is_absent() || !really_seen,
                 "false negative for {key}: the one rule broke"
             );
             unseen += u64::from(!really_seen);
-            if maybe {
+            if !verdict.is_absent() {
                 backend_calls += 1;
                 false_positives += u64::from(!really_seen);
             }
         }
     }
+    let replay_time = replay_started.elapsed();
 
-    let stats = filter.stats();
+    let stats = guard.stats();
+    let filter_bytes = stats.memory_bytes;
+    let store = history;
     let set_bytes: usize = store.iter().map(|k| k.len()).sum::<usize>()
         + store.capacity() * (std::mem::size_of::<String>() + 1);
     println!("\n{:<34} {:>14} {:>14}", "", "no filter", "with filter");
@@ -158,14 +253,21 @@ fn main() {
         "{:<34} {:>14} {:>14}",
         "memory (exact HashSet vs filter)",
         format!("{:.1} MiB", set_bytes as f64 / (1 << 20) as f64),
-        format!("{:.1} MiB", filter.memory_bytes() as f64 / (1 << 20) as f64)
+        format!("{:.1} MiB", filter_bytes as f64 / (1 << 20) as f64)
     );
     println!(
-        "\nfilter: {} bits, k = {}, fill {:.3}, estimated items {:.0}, estimated FPR {:.3}%",
-        stats.bits,
-        stats.k,
+        "{:<34} {:>14} {:>14.0}",
+        "requests per second (end to end)",
+        "-",
+        REQUESTS as f64 / replay_time.as_secs_f64()
+    );
+    println!(
+        "\nguard: fill {:.3}, estimated items {:.0}, estimated FPR {:.3}%, observed FPR {:.3}%, pass-through {:.3}",
         stats.fill_ratio,
         stats.estimated_items,
-        100.0 * stats.estimated_fpr
+        100.0 * stats.estimated_fpr,
+        100.0 * stats.observed_fpr.unwrap_or(0.0),
+        stats.pass_through_ratio
     );
+    Ok(())
 }

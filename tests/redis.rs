@@ -293,3 +293,185 @@ async fn the_loader_reconnects_after_redis_restarts() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+mod fleet {
+    use super::*;
+    use bloomguard::redis::{FleetError, FleetSync};
+
+    /// A guard of the fleet: every instance has the same size, rate and seed.
+    fn fleet_guard() -> Guard {
+        Guard::builder()
+            .expected_items(100_000)
+            .seed(0xf1ee7)
+            .build()
+            .unwrap()
+    }
+
+    fn all_present(guard: &Guard, keys: &[String]) -> bool {
+        keys.iter()
+            .all(|key| guard.check(key) == Verdict::MaybePresent)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn inserts_through_any_instance_reach_all_and_a_new_one_converges() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let instances: Vec<FleetSync> = (0..3)
+            .map(|_| FleetSync::new(fleet_guard(), server.client(), "items"))
+            .collect();
+        let handles: Vec<_> = instances.iter().map(FleetSync::spawn).collect();
+
+        let keys: Vec<String> = (0..300).map(|i| format!("item:{i}")).collect();
+        for (i, key) in keys.iter().enumerate() {
+            instances[i % 3].insert(key).await.unwrap();
+        }
+        for instance in &instances {
+            wait_until("every instance to see every insert", || {
+                all_present(instance.guard(), &keys)
+            })
+            .await;
+        }
+
+        // A snapshot, more inserts, then a fresh instance: snapshot + replay.
+        wait_until("instance 0 to apply the whole stream", || {
+            all_present(instances[0].guard(), &keys)
+        })
+        .await;
+        instances[0].publish_snapshot().await.unwrap();
+        let later: Vec<String> = (300..350).map(|i| format!("item:{i}")).collect();
+        for key in &later {
+            instances[1].insert(key).await.unwrap();
+        }
+        let fourth = FleetSync::new(fleet_guard(), server.client(), "items");
+        let _fourth_handle = fourth.spawn();
+        wait_until("the fourth instance to converge", || {
+            all_present(fourth.guard(), &keys) && all_present(fourth.guard(), &later)
+        })
+        .await;
+        let absent = (0..10_000)
+            .filter(|i| fourth.guard().check(format!("absent:{i}")).is_absent())
+            .count();
+        assert!(
+            absent > 9_900,
+            "the merged filter still rules keys out: {absent}"
+        );
+        drop(handles);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_instance_behind_the_trimmed_stream_reloads_the_snapshot() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let writer = FleetSync::new(fleet_guard(), server.client(), "trim").stream_max_len(100);
+        let writer_handle = writer.spawn();
+        let laggard = FleetSync::new(fleet_guard(), server.client(), "trim");
+        let laggard_handle = laggard.spawn();
+        writer.insert("early").await.unwrap();
+        wait_until("the laggard to apply the first insert", || {
+            laggard.guard().check("early") == Verdict::MaybePresent
+        })
+        .await;
+        laggard_handle.shutdown().await;
+
+        // Far more inserts than the stream keeps, while the laggard is away.
+        let keys: Vec<String> = (0..2_000).map(|i| format!("item:{i}")).collect();
+        for key in &keys {
+            writer.insert(key).await.unwrap();
+        }
+        wait_until("the writer to apply its own stream", || {
+            all_present(writer.guard(), &keys)
+        })
+        .await;
+        writer.publish_snapshot().await.unwrap();
+
+        let _laggard_handle = laggard.spawn();
+        wait_until("the laggard to catch up from the snapshot", || {
+            all_present(laggard.guard(), &keys)
+        })
+        .await;
+        writer_handle.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn consumers_reconnect_after_redis_restarts() {
+        let Some(mut server) = RedisServer::start() else {
+            return;
+        };
+        let port = server.port;
+        let client = server.client();
+        let writer = FleetSync::new(fleet_guard(), client.clone(), "restart");
+        let reader = FleetSync::new(fleet_guard(), client, "restart");
+        let _handles = (writer.spawn(), reader.spawn());
+        writer.insert("before").await.unwrap();
+        wait_until("the first insert to propagate", || {
+            reader.guard().check("before") == Verdict::MaybePresent
+        })
+        .await;
+
+        server.kill();
+        let _server = RedisServer::start_on(port).unwrap();
+        // The writer's connection manager reconnects; retry until it has.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while writer.insert("after").await.is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the writer never reconnected"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        wait_until("the consumer to reconnect and apply the new insert", || {
+            reader.guard().check("after") == Verdict::MaybePresent
+        })
+        .await;
+        assert_eq!(reader.guard().check("before"), Verdict::MaybePresent);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bad_snapshot_is_refused_and_the_current_filter_stays() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let instance = FleetSync::new(fleet_guard(), server.client(), "bad");
+        instance.insert("kept").await.unwrap();
+        let mut connection = server.client().get_connection().unwrap();
+
+        let () = redis::cmd("SET")
+            .arg("bad:snapshot")
+            .arg("0-1\nthis is not a filter")
+            .query(&mut connection)
+            .unwrap();
+        let error = instance.load_snapshot().await.unwrap_err();
+        assert!(matches!(error, FleetError::Decode(_)), "{error}");
+        assert_eq!(instance.guard().check("kept"), Verdict::MaybePresent);
+
+        let () = redis::cmd("SET")
+            .arg("bad:snapshot")
+            .arg("garbage without a position")
+            .query(&mut connection)
+            .unwrap();
+        assert!(matches!(
+            instance.load_snapshot().await,
+            Err(FleetError::Decode(_))
+        ));
+
+        // A valid filter of other parameters: another seed.
+        let other = Guard::builder()
+            .expected_items(100_000)
+            .seed(1)
+            .build()
+            .unwrap();
+        let other = FleetSync::new(other, server.client(), "bad");
+        other.publish_snapshot().await.unwrap();
+        let error = instance.load_snapshot().await.unwrap_err();
+        assert!(matches!(error, FleetError::Incompatible(_)), "{error}");
+        assert!(error.to_string().contains("seed"), "{error}");
+        assert_eq!(instance.guard().check("kept"), Verdict::MaybePresent);
+        assert_eq!(
+            instance.guard().stats().generation,
+            1,
+            "nothing was swapped"
+        );
+    }
+}

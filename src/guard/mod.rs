@@ -50,7 +50,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::sync::Notify;
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, IncompatibleFilters};
 use crate::filter::{
     AtomicBloom, DEFAULT_MAX_BYTES, FilterBuilder, check_rate, hash_key, random_seed,
 };
@@ -257,6 +257,32 @@ impl Guard {
     /// The verdict for `key` now, neither counted nor sampled.
     fn peek(&self, key: &[u8]) -> Verdict {
         self.verdict_in(&self.inner.live.load(), key)
+    }
+
+    /// Merges a filter built elsewhere (a fleet snapshot) into this guard:
+    /// ORed into the newest live filter, or, while warming, installed as the
+    /// first one. Either way no key already in the guard is lost.
+    ///
+    /// # Errors
+    /// [`IncompatibleFilters`] unless the filter has the newest filter's bits,
+    /// k and seed (while warming: the guard's seed).
+    pub fn merge_filter(&self, filter: AtomicBloom) -> Result<(), IncompatibleFilters> {
+        let _swap = self.lock_swaps();
+        let live = self.inner.live.load();
+        match live.newest() {
+            Some(newest) => newest.filter.union(&filter),
+            None if filter.seed() != self.inner.seed => {
+                Err(IncompatibleFilters { parameter: "seed" })
+            }
+            None => {
+                let capacity = filter.stats().capacity.unwrap_or(self.inner.expected_items);
+                let generation = Generation::new(filter, capacity, self.first_filter_rate());
+                self.inner
+                    .live
+                    .store(Arc::new(live.replaced(vec![Arc::new(generation)])));
+                Ok(())
+            }
+        }
     }
 
     /// The filters live now, oldest first (none while warming). The value

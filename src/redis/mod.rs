@@ -19,6 +19,10 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, RedisError};
 use tokio::sync::OnceCell;
 
+mod fleet;
+
+pub use fleet::{FleetError, FleetHandle, FleetSync};
+
 use crate::guard::source::{KeyBatch, KeySource, KeyStream, SourceError};
 use crate::loader::Loader;
 

@@ -1,0 +1,447 @@
+//! A fleet of service instances answering from one set, through Redis.
+//!
+//! Each instance's [`FleetSync`] does two things:
+//! - **Insert propagation.** [`FleetSync::insert`] inserts into the local
+//!   guard, then appends the key to the stream `{name}:inserts` (capped with
+//!   `MAXLEN ~`). Every instance's consumer task reads the stream and inserts
+//!   what it finds into its own guard.
+//! - **Snapshots.** [`FleetSync::publish_snapshot`] writes the encoded filter
+//!   to `{name}:snapshot`, together with the id of the last stream entry it
+//!   covers, and publishes a notice on `{name}:snapshots`. An instance that
+//!   starts, receives a notice, or finds that the stream was trimmed past its
+//!   position loads the snapshot (decoded, checked, merged with
+//!   [`Guard::merge_filter`]) and replays the stream from the snapshot's id.
+//!
+//! All instances of a fleet must build their guards with the same size,
+//! rate and [`seed`](crate::GuardBuilder::seed), so that their filters can be
+//! merged. The snapshot is one Redis string, which caps it at 512 MB.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{Client, RedisError, Value};
+use tokio::sync::{Notify, oneshot};
+use tokio::task::JoinHandle;
+
+use super::Connection;
+use crate::error::{DecodeError, IncompatibleFilters};
+use crate::filter::AtomicBloom;
+use crate::guard::Guard;
+
+/// How long one blocking read of the stream waits for new entries.
+const READ_BLOCK: Duration = Duration::from_millis(200);
+/// Entries read per call.
+const READ_COUNT: usize = 1_000;
+/// Wait before reconnecting after a failed read.
+const RECONNECT_BACKOFF: Duration = Duration::from_millis(200);
+
+/// Why a snapshot could not be published or loaded. The guard keeps serving
+/// what it has.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum FleetError {
+    /// Redis failed.
+    Redis(RedisError),
+    /// The snapshot key does not hold a valid filter.
+    Decode(DecodeError),
+    /// The snapshot's filter has other parameters than this guard's.
+    Incompatible(IncompatibleFilters),
+    /// The guard has no filter to publish yet (it is warming).
+    Warming,
+}
+
+impl fmt::Display for FleetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Redis(error) => write!(f, "fleet sync: {error}"),
+            Self::Decode(error) => write!(f, "fleet snapshot refused: {error}"),
+            Self::Incompatible(error) => write!(f, "fleet snapshot refused: {error}"),
+            Self::Warming => f.write_str("the guard has no filter to publish yet"),
+        }
+    }
+}
+
+impl std::error::Error for FleetError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Redis(error) => Some(error),
+            Self::Decode(error) => Some(error),
+            Self::Incompatible(error) => Some(error),
+            Self::Warming => None,
+        }
+    }
+}
+
+impl From<RedisError> for FleetError {
+    fn from(error: RedisError) -> Self {
+        Self::Redis(error)
+    }
+}
+
+/// One instance's link to its fleet. Cheap to clone. See the [module docs](self).
+#[derive(Clone)]
+pub struct FleetSync {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    guard: Guard,
+    client: Client,
+    writer: Connection,
+    snapshot_key: String,
+    channel: String,
+    stream: String,
+    max_len: usize,
+    /// The id of the last stream entry this instance has applied.
+    position: Mutex<StreamId>,
+    /// Set by a snapshot notice: load the snapshot at the next step.
+    snapshot_due: Notify,
+}
+
+/// A stream entry as the reply shapes it: id, then field-value pairs.
+type Entry = (String, Vec<(String, Vec<u8>)>);
+
+/// A stream entry id, `milliseconds-sequence`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+struct StreamId(u64, u64);
+
+impl StreamId {
+    fn parse(id: &str) -> Option<Self> {
+        let (ms, seq) = id.split_once('-')?;
+        Some(Self(ms.parse().ok()?, seq.parse().ok()?))
+    }
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.0, self.1)
+    }
+}
+
+impl FleetSync {
+    /// Entries the insert stream keeps, about, unless told.
+    pub const DEFAULT_STREAM_MAX_LEN: usize = 1_000_000;
+
+    /// Links `guard` to the fleet `name` on the Redis behind `client`.
+    pub fn new(guard: Guard, client: Client, name: &str) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                guard,
+                writer: Connection::new(client.clone(), Duration::from_secs(5)),
+                client,
+                snapshot_key: format!("{name}:snapshot"),
+                channel: format!("{name}:snapshots"),
+                stream: format!("{name}:inserts"),
+                max_len: Self::DEFAULT_STREAM_MAX_LEN,
+                position: Mutex::new(StreamId::default()),
+                snapshot_due: Notify::new(),
+            }),
+        }
+    }
+
+    /// Caps the insert stream at about `max_len` entries (`XADD … MAXLEN ~`).
+    /// An instance that falls further behind reloads the snapshot.
+    ///
+    /// # Panics
+    /// If the sync was cloned or spawned already.
+    #[must_use]
+    pub fn stream_max_len(mut self, max_len: usize) -> Self {
+        Arc::get_mut(&mut self.inner)
+            .expect("configure a FleetSync before cloning or spawning it")
+            .max_len = max_len.max(1);
+        self
+    }
+
+    /// The guard this instance answers from.
+    pub fn guard(&self) -> &Guard {
+        &self.inner.guard
+    }
+
+    /// Inserts `key` into the local guard, then appends it to the fleet's
+    /// stream. As with [`Guard::insert`], call it before the store write.
+    ///
+    /// # Errors
+    /// Redis failed: the key is in this instance's guard, not yet in the others'.
+    pub async fn insert(&self, key: impl AsRef<[u8]>) -> Result<(), RedisError> {
+        let key = key.as_ref();
+        self.inner.guard.insert(key);
+        let mut connection = self.inner.writer.get().await?;
+        let _: Value = redis::cmd("XADD")
+            .arg(&self.inner.stream)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(self.inner.max_len)
+            .arg("*")
+            .arg("k")
+            .arg(key)
+            .query_async(&mut connection)
+            .await?;
+        Ok(())
+    }
+
+    /// Writes this instance's filter and the stream position it covers to
+    /// the snapshot key, and notifies the fleet. Returns the position.
+    ///
+    /// # Errors
+    /// [`FleetError::Warming`] before the guard has a filter; Redis errors.
+    pub async fn publish_snapshot(&self) -> Result<String, FleetError> {
+        let position = *self.lock_position();
+        let live = self.inner.guard.live_filters();
+        let filter = live.newest().ok_or(FleetError::Warming)?;
+        let mut payload = position.to_string().into_bytes();
+        payload.push(b'\n');
+        payload.extend_from_slice(&filter.to_bytes());
+        drop(live);
+        let mut connection = self.inner.writer.get().await?;
+        let () = redis::cmd("SET")
+            .arg(&self.inner.snapshot_key)
+            .arg(payload)
+            .query_async(&mut connection)
+            .await?;
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(&self.inner.channel)
+            .arg(position.to_string())
+            .query_async(&mut connection)
+            .await?;
+        Ok(position.to_string())
+    }
+
+    /// Loads the fleet's snapshot into the guard and moves this instance's
+    /// stream position to the one the snapshot covers. `Ok(false)` when
+    /// there is no snapshot yet.
+    ///
+    /// # Errors
+    /// A snapshot that does not decode, or whose filter has other
+    /// parameters, is refused ([`FleetError::Decode`],
+    /// [`FleetError::Incompatible`]) and the guard keeps what it has.
+    pub async fn load_snapshot(&self) -> Result<bool, FleetError> {
+        let mut connection = self.inner.writer.get().await?;
+        let payload: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(&self.inner.snapshot_key)
+            .query_async(&mut connection)
+            .await?;
+        let Some(payload) = payload else {
+            return Ok(false);
+        };
+        let (position, encoded) = payload
+            .iter()
+            .position(|&b| b == b'\n')
+            .and_then(|newline| {
+                let id = std::str::from_utf8(&payload[..newline]).ok()?;
+                Some((StreamId::parse(id)?, &payload[newline + 1..]))
+            })
+            .ok_or(FleetError::Decode(DecodeError::BadMagic))?;
+        let filter = AtomicBloom::from_bytes(encoded).map_err(FleetError::Decode)?;
+        self.inner
+            .guard
+            .merge_filter(filter)
+            .map_err(FleetError::Incompatible)?;
+        let mut current = self.lock_position();
+        *current = (*current).max(position);
+        Ok(true)
+    }
+
+    /// Starts the consumer: loads the snapshot, then applies the stream's
+    /// entries as they come, reloading the snapshot on a notice or when the
+    /// stream was trimmed past this instance. Reconnects after failures.
+    /// Stops when the handle is dropped or shut down.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn(&self) -> FleetHandle {
+        let (stop, stopped) = oneshot::channel();
+        let sync = self.clone();
+        FleetHandle {
+            stop: Some(stop),
+            task: Some(tokio::spawn(async move {
+                tokio::select! {
+                    _ = stopped => {}
+                    () = sync.consume() => {}
+                }
+            })),
+        }
+    }
+
+    fn lock_position(&self) -> std::sync::MutexGuard<'_, StreamId> {
+        self.inner
+            .position
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    async fn consume(self) {
+        let listener = tokio::spawn(self.clone().listen_for_snapshots());
+        let _stop_listener = AbortOnDrop(listener);
+        let mut reload = true;
+        let mut just_reloaded = false;
+        let mut connection: Option<MultiplexedConnection> = None;
+        loop {
+            if reload {
+                just_reloaded = true;
+                match self.load_snapshot().await {
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::warn!(%error, "fleet snapshot not loaded; replaying the stream");
+                    }
+                }
+                reload = false;
+            }
+            let Some(reader) = connection.as_mut() else {
+                match self.inner.client.get_multiplexed_async_connection().await {
+                    Ok(fresh) => connection = Some(fresh),
+                    Err(_) => tokio::time::sleep(RECONNECT_BACKOFF).await,
+                }
+                continue;
+            };
+            // A consumer that fell behind the stream's trimmed end would
+            // silently skip what was trimmed: look before every read.
+            if self.trimmed_past_us(reader).await {
+                if !just_reloaded {
+                    reload = true;
+                    continue;
+                }
+                // Even the snapshot is older than what the stream kept.
+                tracing::warn!(
+                    stream = %self.inner.stream,
+                    "the insert stream was trimmed past the latest snapshot: publish snapshots \
+                     more often than the stream's length lasts; replaying what it kept"
+                );
+                *self.lock_position() = StreamId::default();
+            }
+            let due = self.inner.snapshot_due.notified();
+            tokio::select! {
+                () = due => reload = true,
+                read = self.read_entries(reader) => match read {
+                    Ok(()) => just_reloaded = false,
+                    Err(error) => {
+                        tracing::debug!(%error, "fleet stream read failed; reconnecting");
+                        connection = None;
+                        tokio::time::sleep(RECONNECT_BACKOFF).await;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Whether the oldest entry left in the stream is newer than the next
+    /// one this instance needs.
+    async fn trimmed_past_us(&self, connection: &mut MultiplexedConnection) -> bool {
+        let position = *self.lock_position();
+        if position == StreamId::default() {
+            return false;
+        }
+        let oldest: Result<Vec<Entry>, _> = redis::cmd("XRANGE")
+            .arg(&self.inner.stream)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(connection)
+            .await;
+        match oldest {
+            Ok(entries) => entries
+                .first()
+                .and_then(|(id, _)| StreamId::parse(id))
+                .is_some_and(|oldest| oldest > position),
+            Err(_) => false,
+        }
+    }
+
+    async fn read_entries(&self, connection: &mut MultiplexedConnection) -> Result<(), RedisError> {
+        let position = *self.lock_position();
+        let reply: Option<Vec<(String, Vec<Entry>)>> = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(READ_COUNT)
+            .arg("BLOCK")
+            .arg(READ_BLOCK.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(&self.inner.stream)
+            .arg(position.to_string())
+            .query_async(connection)
+            .await?;
+        let Some(streams) = reply else { return Ok(()) };
+        let mut last = position;
+        for (_, entries) in streams {
+            for (id, fields) in entries {
+                for (field, value) in fields {
+                    if field == "k" {
+                        self.inner.guard.insert(&value);
+                    }
+                }
+                if let Some(id) = StreamId::parse(&id) {
+                    last = last.max(id);
+                }
+            }
+        }
+        let mut current = self.lock_position();
+        *current = (*current).max(last);
+        Ok(())
+    }
+
+    /// Wakes the consumer whenever a snapshot is published.
+    async fn listen_for_snapshots(self) {
+        loop {
+            if let Ok(mut pubsub) = self.inner.client.get_async_pubsub().await
+                && pubsub.subscribe(&self.inner.channel).await.is_ok()
+            {
+                let mut messages = pubsub.on_message();
+                while std::future::poll_fn(|cx| {
+                    futures_core::Stream::poll_next(std::pin::Pin::new(&mut messages), cx)
+                })
+                .await
+                .is_some()
+                {
+                    self.inner.snapshot_due.notify_one();
+                }
+            }
+            tokio::time::sleep(RECONNECT_BACKOFF).await;
+        }
+    }
+
+    /// The stream position this instance has applied up to.
+    pub fn position(&self) -> String {
+        self.lock_position().to_string()
+    }
+}
+
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl fmt::Debug for FleetSync {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FleetSync")
+            .field("stream", &self.inner.stream)
+            .field("position", &self.position())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The running consumer of a [`FleetSync`]; dropping it stops the consumer.
+#[derive(Debug)]
+pub struct FleetHandle {
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl FleetHandle {
+    /// Stops the consumer and waits for it to end.
+    pub async fn shutdown(mut self) {
+        self.stop.take();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for FleetHandle {
+    fn drop(&mut self) {
+        self.stop.take();
+    }
+}

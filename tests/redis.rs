@@ -364,7 +364,10 @@ mod fleet {
         let Some(server) = RedisServer::start() else {
             return;
         };
-        let writer = FleetSync::new(fleet_guard(), server.client(), "trim").stream_max_len(100);
+        // Small chunks: the snapshot of this 120 kB filter spans many keys.
+        let writer = FleetSync::new(fleet_guard(), server.client(), "trim")
+            .stream_max_len(100)
+            .snapshot_chunk_bytes(16 << 10);
         let writer_handle = writer.spawn();
         let laggard = FleetSync::new(fleet_guard(), server.client(), "trim");
         let laggard_handle = laggard.spawn();
@@ -385,6 +388,23 @@ mod fleet {
         })
         .await;
         writer.publish_snapshot().await.unwrap();
+        writer.publish_snapshot().await.unwrap(); // replaces the first one
+        let mut connection = server.client().get_connection().unwrap();
+        let manifest: String = redis::cmd("GET")
+            .arg("trim:snapshot")
+            .query(&mut connection)
+            .unwrap();
+        let chunks: usize = manifest.split(' ').nth(2).unwrap().parse().unwrap();
+        assert!(chunks > 1, "chunked: {manifest}");
+        let stored: Vec<String> = redis::cmd("KEYS")
+            .arg("trim:snapshot:*:*")
+            .query(&mut connection)
+            .unwrap();
+        assert_eq!(
+            stored.len(),
+            chunks,
+            "the replaced snapshot's chunks are gone"
+        );
 
         let _laggard_handle = laggard.spawn();
         wait_until("the laggard to catch up from the snapshot", || {
@@ -439,7 +459,12 @@ mod fleet {
 
         let () = redis::cmd("SET")
             .arg("bad:snapshot")
-            .arg("0-1\nthis is not a filter")
+            .arg("0-1 7 1")
+            .query(&mut connection)
+            .unwrap();
+        let () = redis::cmd("SET")
+            .arg("bad:snapshot:7:0")
+            .arg("this is not a filter")
             .query(&mut connection)
             .unwrap();
         let error = instance.load_snapshot().await.unwrap_err();

@@ -6,15 +6,16 @@
 //!   `MAXLEN ~`). Every instance's consumer task reads the stream and inserts
 //!   what it finds into its own guard.
 //! - **Snapshots.** [`FleetSync::publish_snapshot`] writes the encoded filter
-//!   to `{name}:snapshot`, together with the id of the last stream entry it
-//!   covers, and publishes a notice on `{name}:snapshots`. An instance that
+//!   in chunks, then points the manifest `{name}:snapshot` at them together
+//!   with the id of the last stream entry it covers, and publishes a notice
+//!   on `{name}:snapshots`. An instance that
 //!   starts, receives a notice, or finds that the stream was trimmed past its
 //!   position loads the snapshot (decoded, checked, merged with
 //!   [`Guard::merge_filter`]) and replays the stream from the snapshot's id.
 //!
 //! All instances of a fleet must build their guards with the same size,
 //! rate and [`seed`](crate::GuardBuilder::seed), so that their filters can be
-//! merged. The snapshot is one Redis string, which caps it at 512 MB.
+//! merged.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -80,7 +81,7 @@ impl From<RedisError> for FleetError {
     }
 }
 
-/// One instance's link to its fleet. Cheap to clone. See the [module docs](self).
+/// One instance's link to its fleet. Cheap to clone. See the [module docs](crate::redis::fleet).
 #[derive(Clone)]
 pub struct FleetSync {
     inner: Arc<Inner>,
@@ -94,10 +95,39 @@ struct Inner {
     channel: String,
     stream: String,
     max_len: usize,
+    chunk_bytes: usize,
     /// The id of the last stream entry this instance has applied.
     position: Mutex<StreamId>,
     /// Set by a snapshot notice: load the snapshot at the next step.
     snapshot_due: Notify,
+}
+
+/// What `{name}:snapshot` holds: where the snapshot's chunks are, and the
+/// stream position it covers.
+struct Manifest {
+    position: StreamId,
+    version: u64,
+    chunks: usize,
+}
+
+impl Manifest {
+    fn parse(text: &str) -> Option<Self> {
+        let mut fields = text.split(' ');
+        let manifest = Self {
+            position: StreamId::parse(fields.next()?)?,
+            version: fields.next()?.parse().ok()?,
+            chunks: fields.next()?.parse().ok()?,
+        };
+        fields.next().is_none().then_some(manifest)
+    }
+}
+
+/// One attempt at reading the snapshot.
+enum Read {
+    None,
+    /// Its chunks were deleted while we read them.
+    Replaced,
+    Snapshot(StreamId, AtomicBloom),
 }
 
 /// A stream entry as the reply shapes it: id, then field-value pairs.
@@ -123,6 +153,21 @@ impl fmt::Display for StreamId {
 impl FleetSync {
     /// Entries the insert stream keeps, about, unless told.
     pub const DEFAULT_STREAM_MAX_LEN: usize = 1_000_000;
+    /// Bytes per snapshot chunk unless told: 32 MiB, well under Redis's
+    /// 512 MB string limit and its default client query buffer.
+    pub const DEFAULT_SNAPSHOT_CHUNK_BYTES: usize = 32 << 20;
+
+    /// Splits snapshots into Redis strings of at most `bytes` each.
+    ///
+    /// # Panics
+    /// If the sync was cloned or spawned already.
+    #[must_use]
+    pub fn snapshot_chunk_bytes(mut self, bytes: usize) -> Self {
+        Arc::get_mut(&mut self.inner)
+            .expect("configure a FleetSync before cloning or spawning it")
+            .chunk_bytes = bytes.max(1);
+        self
+    }
 
     /// Links `guard` to the fleet `name` on the Redis behind `client`.
     pub fn new(guard: Guard, client: Client, name: &str) -> Self {
@@ -135,6 +180,7 @@ impl FleetSync {
                 channel: format!("{name}:snapshots"),
                 stream: format!("{name}:inserts"),
                 max_len: Self::DEFAULT_STREAM_MAX_LEN,
+                chunk_bytes: Self::DEFAULT_SNAPSHOT_CHUNK_BYTES,
                 position: Mutex::new(StreamId::default()),
                 snapshot_due: Notify::new(),
             }),
@@ -181,23 +227,42 @@ impl FleetSync {
         Ok(())
     }
 
-    /// Writes this instance's filter and the stream position it covers to
-    /// the snapshot key, and notifies the fleet. Returns the position.
+    /// Writes this instance's filter and the stream position it covers as
+    /// the fleet's snapshot, and notifies the fleet. Returns the position.
+    ///
+    /// The encoded filter goes into chunks of at most
+    /// [`snapshot_chunk_bytes`](Self::snapshot_chunk_bytes) under a new
+    /// version number (`{name}:snapshot:{version}:{i}`); then the manifest
+    /// `{name}:snapshot` ("position version chunks") is switched to it in one
+    /// `SET`, so a reader sees the old snapshot or the new one, never a mix;
+    /// then the old version's chunks are deleted.
     ///
     /// # Errors
     /// [`FleetError::Warming`] before the guard has a filter; Redis errors.
     pub async fn publish_snapshot(&self) -> Result<String, FleetError> {
         let position = *self.lock_position();
-        let live = self.inner.guard.live_filters();
-        let filter = live.newest().ok_or(FleetError::Warming)?;
-        let mut payload = position.to_string().into_bytes();
-        payload.push(b'\n');
-        payload.extend_from_slice(&filter.to_bytes());
-        drop(live);
+        let encoded = {
+            let live = self.inner.guard.live_filters();
+            live.newest().ok_or(FleetError::Warming)?.to_bytes()
+        };
         let mut connection = self.inner.writer.get().await?;
-        let () = redis::cmd("SET")
+        let version: u64 = redis::cmd("INCR")
+            .arg(format!("{}:version", self.inner.snapshot_key))
+            .query_async(&mut connection)
+            .await?;
+        let chunks = encoded.chunks(self.inner.chunk_bytes);
+        let count = chunks.len();
+        for (i, chunk) in chunks.enumerate() {
+            let () = redis::cmd("SET")
+                .arg(self.chunk_key(version, i))
+                .arg(chunk)
+                .query_async(&mut connection)
+                .await?;
+        }
+        let previous: Option<String> = redis::cmd("SET")
             .arg(&self.inner.snapshot_key)
-            .arg(payload)
+            .arg(format!("{position} {version} {count}"))
+            .arg("GET")
             .query_async(&mut connection)
             .await?;
         let _: i64 = redis::cmd("PUBLISH")
@@ -205,6 +270,19 @@ impl FleetSync {
             .arg(position.to_string())
             .query_async(&mut connection)
             .await?;
+        if let Some(Manifest {
+            version: old,
+            chunks,
+            ..
+        }) = previous.as_deref().and_then(Manifest::parse)
+            && old != version
+        {
+            let mut delete = redis::cmd("DEL");
+            for i in 0..chunks {
+                delete.arg(self.chunk_key(old, i));
+            }
+            let _: i64 = delete.query_async(&mut connection).await?;
+        }
         Ok(position.to_string())
     }
 
@@ -217,30 +295,58 @@ impl FleetSync {
     /// parameters, is refused ([`FleetError::Decode`],
     /// [`FleetError::Incompatible`]) and the guard keeps what it has.
     pub async fn load_snapshot(&self) -> Result<bool, FleetError> {
+        // A publish that replaces the snapshot while we read it deletes the
+        // chunks we are reading: read the new one then.
+        for _ in 0..3 {
+            match self.read_snapshot().await? {
+                Read::None => return Ok(false),
+                Read::Replaced => continue,
+                Read::Snapshot(position, filter) => {
+                    self.inner
+                        .guard
+                        .merge_filter(filter)
+                        .map_err(FleetError::Incompatible)?;
+                    let mut current = self.lock_position();
+                    *current = (*current).max(position);
+                    return Ok(true);
+                }
+            }
+        }
+        Err(FleetError::Decode(DecodeError::Truncated))
+    }
+
+    async fn read_snapshot(&self) -> Result<Read, FleetError> {
         let mut connection = self.inner.writer.get().await?;
-        let payload: Option<Vec<u8>> = redis::cmd("GET")
+        let manifest: Option<Vec<u8>> = redis::cmd("GET")
             .arg(&self.inner.snapshot_key)
             .query_async(&mut connection)
             .await?;
-        let Some(payload) = payload else {
-            return Ok(false);
+        let Some(manifest) = manifest else {
+            return Ok(Read::None);
         };
-        let (position, encoded) = payload
-            .iter()
-            .position(|&b| b == b'\n')
-            .and_then(|newline| {
-                let id = std::str::from_utf8(&payload[..newline]).ok()?;
-                Some((StreamId::parse(id)?, &payload[newline + 1..]))
-            })
-            .ok_or(FleetError::Decode(DecodeError::BadMagic))?;
-        let filter = AtomicBloom::from_bytes(encoded).map_err(FleetError::Decode)?;
-        self.inner
-            .guard
-            .merge_filter(filter)
-            .map_err(FleetError::Incompatible)?;
-        let mut current = self.lock_position();
-        *current = (*current).max(position);
-        Ok(true)
+        let manifest = std::str::from_utf8(&manifest)
+            .ok()
+            .and_then(Manifest::parse)
+            .ok_or(FleetError::Decode(DecodeError::InvalidHeader(
+                "the snapshot manifest is not \"position version chunks\"",
+            )))?;
+        let mut encoded = Vec::new();
+        for i in 0..manifest.chunks {
+            let chunk: Option<Vec<u8>> = redis::cmd("GET")
+                .arg(self.chunk_key(manifest.version, i))
+                .query_async(&mut connection)
+                .await?;
+            match chunk {
+                Some(chunk) => encoded.extend_from_slice(&chunk),
+                None => return Ok(Read::Replaced),
+            }
+        }
+        let filter = AtomicBloom::from_bytes(&encoded).map_err(FleetError::Decode)?;
+        Ok(Read::Snapshot(manifest.position, filter))
+    }
+
+    fn chunk_key(&self, version: u64, index: usize) -> String {
+        format!("{}:{version}:{index}", self.inner.snapshot_key)
     }
 
     /// Starts the consumer: loads the snapshot, then applies the stream's

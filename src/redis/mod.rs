@@ -19,7 +19,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, RedisError};
 use tokio::sync::OnceCell;
 
-mod fleet;
+pub mod fleet;
 
 pub use fleet::{FleetError, FleetHandle, FleetSync};
 

@@ -1,7 +1,7 @@
 //! An axum service with a guard in front of its store.
 //!
 //! ```text
-//! cargo run --release --example axum_service --features metrics
+//! cargo run --release --example axum_service --features metrics,redis
 //! curl -i localhost:3000/items/42          # 200: the store has it
 //! curl -i localhost:3000/items/nope        # 404, answered by the guard: no store read
 //! curl -i -X POST localhost:3000/items/new -d hello   # the guard learns "new" before the write
@@ -17,9 +17,11 @@
 //!   exporter's Prometheus text.
 //!
 //! The store is an in-memory map holding `item:0` … `item:99999` (ids 0 to
-//! 99999), read by the guard's rebuilds as a `KeySource`. `PORT` picks the
-//! port (default 3000). With `REDIS_URL` set it says that the Redis store
-//! comes with the `redis` feature, and uses the in-memory one.
+//! 99999), read by the guard's rebuilds as a `KeySource`. With `REDIS_URL`
+//! set (and `--features metrics,redis`), the items live in that Redis under
+//! `bloomguard:item:` instead: reads are `GET`s through a `RedisLoader`,
+//! writes `SET`s, and the guard rebuilds with a `RedisSource` (SCAN). `PORT`
+//! picks the port (default 3000).
 
 #![allow(dead_code)] // `tests/axum_service.rs` includes this file for its `app`.
 
@@ -48,7 +50,30 @@ pub(crate) struct Store {
     reads: AtomicU64,
     /// How long a read waits, standing in for a remote backend's round trip.
     read_delay: Option<Duration>,
+    /// Items in Redis instead of `items`.
+    #[cfg(feature = "redis")]
+    redis: Option<RedisItems>,
 }
+
+/// Where the items live when `REDIS_URL` is set.
+#[cfg(feature = "redis")]
+#[derive(Clone)]
+pub(crate) struct RedisItems {
+    client: redis::Client,
+    loader: bloomguard::redis::RedisLoader,
+    writer: redis::aio::MultiplexedConnection,
+}
+
+#[cfg(feature = "redis")]
+impl std::fmt::Debug for RedisItems {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisItems").finish_non_exhaustive()
+    }
+}
+
+/// Redis keys of the items: `bloomguard:item:{id}`.
+#[cfg(feature = "redis")]
+const REDIS_PREFIX: &str = "bloomguard:item:";
 
 impl Store {
     pub(crate) fn seeded(items: u64) -> Self {
@@ -59,6 +84,32 @@ impl Store {
                 .insert(id.to_string(), Bytes::from(format!("item {id}")));
         }
         store
+    }
+
+    /// `items` items written to the Redis at `url`, read and written there.
+    #[cfg(feature = "redis")]
+    pub(crate) async fn seeded_in_redis(url: &str, items: u64) -> redis::RedisResult<Self> {
+        let client = redis::Client::open(url)?;
+        let mut writer = client.get_multiplexed_async_connection().await?;
+        let ids: Vec<u64> = (0..items).collect();
+        for chunk in ids.chunks(10_000) {
+            let mut command = redis::cmd("MSET");
+            for id in chunk {
+                command
+                    .arg(format!("{REDIS_PREFIX}{id}"))
+                    .arg(format!("item {id}"));
+            }
+            let () = command.query_async(&mut writer).await?;
+        }
+        let loader = bloomguard::redis::RedisLoader::new(client.clone()).prefix(REDIS_PREFIX);
+        Ok(Self {
+            redis: Some(RedisItems {
+                client,
+                loader,
+                writer,
+            }),
+            ..Self::default()
+        })
     }
 
     /// Every read waits `delay` first, like a backend across the network
@@ -94,11 +145,23 @@ fn item_id(method: Method) -> impl for<'r> Fn(&'r Request<Body>) -> Option<&'r s
 
 /// The guard over `store`, rebuilt from it when its false-positive rate drifts.
 pub(crate) fn guard_over(store: &Arc<Store>) -> Guard {
-    let listed = Arc::clone(store);
-    Guard::builder()
+    let builder = Guard::builder()
         .name("items")
         .expected_items(1_000_000)
         .false_positive_rate(0.01)
+        .rebuild(Rebuild::when_drift_exceeds(2.0));
+    #[cfg(feature = "redis")]
+    if let Some(redis) = &store.redis {
+        let scan =
+            bloomguard::redis::RedisSource::new(redis.client.clone(), format!("{REDIS_PREFIX}*"))
+                .strip_prefix(REDIS_PREFIX);
+        return builder
+            .source(scan)
+            .build()
+            .expect("the options above are in range");
+    }
+    let listed = Arc::clone(store);
+    builder
         .source(source::from_fn(move || {
             listed
                 .items
@@ -106,7 +169,6 @@ pub(crate) fn guard_over(store: &Arc<Store>) -> Guard {
                 .map(|item| item.key().clone())
                 .collect::<Vec<_>>()
         }))
-        .rebuild(Rebuild::when_drift_exceeds(2.0))
         .build()
         .expect("the options above are in range")
 }
@@ -151,6 +213,14 @@ async fn read_item(State(state): State<AppState>, Path(id): Path<String>) -> imp
     if let Some(delay) = state.store.read_delay {
         tokio::time::sleep(delay).await;
     }
+    #[cfg(feature = "redis")]
+    if let Some(redis) = &state.store.redis {
+        return match redis.loader.get(&id).await {
+            Ok(Some(value)) => (StatusCode::OK, value).into_response(),
+            Ok(None) => StatusCode::NOT_FOUND.into_response(),
+            Err(_) => StatusCode::BAD_GATEWAY.into_response(),
+        };
+    }
     match state.store.items.get(&id) {
         Some(value) => (StatusCode::OK, value.clone()).into_response(),
         None => StatusCode::NOT_FOUND.into_response(),
@@ -163,6 +233,19 @@ async fn write_item(
     body: Bytes,
 ) -> StatusCode {
     // InsertLayer has put the id into the guard already.
+    #[cfg(feature = "redis")]
+    if let Some(redis) = &state.store.redis {
+        let mut writer = redis.writer.clone();
+        let written: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(format!("{REDIS_PREFIX}{id}"))
+            .arg(body.as_ref())
+            .query_async(&mut writer)
+            .await;
+        return match written {
+            Ok(()) => StatusCode::CREATED,
+            Err(_) => StatusCode::BAD_GATEWAY,
+        };
+    }
     state.store.items.insert(id, body);
     StatusCode::CREATED
 }
@@ -256,17 +339,29 @@ pub(crate) async fn start_with(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    if std::env::var_os("REDIS_URL").is_some() {
-        eprintln!(
-            "note: REDIS_URL is set, but the Redis store comes with the `redis` feature; using the in-memory store"
-        );
-    }
+    let store = match std::env::var("REDIS_URL") {
+        #[cfg(feature = "redis")]
+        Ok(url) => {
+            println!("store: Redis at {url}, items under {REDIS_PREFIX}");
+            Store::seeded_in_redis(&url, SEEDED_ITEMS).await?
+        }
+        #[cfg(not(feature = "redis"))]
+        Ok(url) => {
+            eprintln!(
+                "note: REDIS_URL={url} is set, but the `redis` feature is off; using the in-memory store"
+            );
+            Store::seeded(SEEDED_ITEMS)
+        }
+        Err(_) => Store::seeded(SEEDED_ITEMS),
+    };
     let prometheus = PrometheusBuilder::new().install_recorder()?;
     let port: u16 = std::env::var("PORT")
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(3000);
-    let running = start(
+    let running = start_with(
+        app,
+        store,
         SocketAddr::from(([127, 0, 0, 1], port)),
         prometheus,
         async {

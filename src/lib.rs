@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod redis;
 mod stats;
 mod sync;
+mod task;
 
 pub use error::{ConfigError, DecodeError, IncompatibleFilters};
 pub use filter::{AtomicBloom, FORMAT_VERSION, FilterBuilder, FilterStats, Plan, plan};

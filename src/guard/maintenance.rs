@@ -5,11 +5,11 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::sync::{Notify, oneshot};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::stats::{Counter, observed_rate};
 use super::{Guard, Inner, Lifecycle, RebuildError, Verdict, staleness::Verifier};
+use crate::task::StoppableTask;
 
 /// Outcomes since the last rebuild before an observed drift counts: fewer
 /// would let sampling noise trigger rebuilds.
@@ -28,31 +28,18 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
 /// clone is dropped.
 #[derive(Debug)]
 pub struct MaintenanceHandle {
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<()>>,
+    task: StoppableTask,
 }
 
 impl MaintenanceHandle {
     /// Stops the task and waits until it has ended.
-    pub async fn shutdown(mut self) {
-        self.stop.take();
-        if let Some(task) = self.task.take() {
-            // The task only ends by returning; a panic in it is the only
-            // error, and there is nothing left to stop then.
-            let _ = task.await;
-        }
+    pub async fn shutdown(self) {
+        self.task.shutdown().await;
     }
 
     /// Whether the task has ended.
     pub fn is_finished(&self) -> bool {
-        self.task.as_ref().is_none_or(JoinHandle::is_finished)
-    }
-}
-
-impl Drop for MaintenanceHandle {
-    fn drop(&mut self) {
-        // Dropping `stop` closes the channel; the task sees it at its next step.
-        self.stop.take();
+        self.task.is_finished()
     }
 }
 
@@ -68,7 +55,6 @@ impl Guard {
     /// # Panics
     /// Outside a tokio runtime, as [`tokio::spawn`] does.
     pub fn spawn_maintenance(&self) -> MaintenanceHandle {
-        let (stop, stopped) = oneshot::channel();
         let verifier = self
             .inner
             .verifier
@@ -83,8 +69,7 @@ impl Guard {
             retry_at: None,
         };
         MaintenanceHandle {
-            stop: Some(stop),
-            task: Some(tokio::spawn(task.run(stopped, verifier))),
+            task: StoppableTask::spawn(|stopped| task.run(stopped, verifier)),
         }
     }
 

@@ -23,13 +23,14 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{Client, RedisError, Value};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::Connection;
 use crate::error::{DecodeError, IncompatibleFilters};
 use crate::filter::AtomicBloom;
 use crate::guard::Guard;
+use crate::task::StoppableTask;
 
 /// How long one blocking read of the stream waits for new entries.
 const READ_BLOCK: Duration = Duration::from_millis(200);
@@ -357,16 +358,14 @@ impl FleetSync {
     /// # Panics
     /// Outside a tokio runtime.
     pub fn spawn(&self) -> FleetHandle {
-        let (stop, stopped) = oneshot::channel();
         let sync = self.clone();
         FleetHandle {
-            stop: Some(stop),
-            task: Some(tokio::spawn(async move {
+            task: StoppableTask::spawn(|stopped| async move {
                 tokio::select! {
                     _ = stopped => {}
                     () = sync.consume() => {}
                 }
-            })),
+            }),
         }
     }
 
@@ -532,22 +531,12 @@ impl fmt::Debug for FleetSync {
 /// The running consumer of a [`FleetSync`]; dropping it stops the consumer.
 #[derive(Debug)]
 pub struct FleetHandle {
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<()>>,
+    task: StoppableTask,
 }
 
 impl FleetHandle {
     /// Stops the consumer and waits for it to end.
-    pub async fn shutdown(mut self) {
-        self.stop.take();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-    }
-}
-
-impl Drop for FleetHandle {
-    fn drop(&mut self) {
-        self.stop.take();
+    pub async fn shutdown(self) {
+        self.task.shutdown().await;
     }
 }

@@ -52,6 +52,25 @@ pub trait Loader<K>: Send + Sync + 'static {
     /// Looks `key` up in the store.
     fn load(&self, key: K)
     -> impl Future<Output = Result<Option<Self::Value>, Self::Error>> + Send;
+
+    /// Looks many keys up, answering in their order. Override it where the
+    /// store has a batch read (`MGET`, `WHERE id IN (…)`); the default loads
+    /// the keys one after another.
+    fn load_many(
+        &self,
+        keys: Vec<K>,
+    ) -> impl Future<Output = Result<Vec<Option<Self::Value>>, Self::Error>> + Send
+    where
+        K: Send,
+    {
+        async move {
+            let mut values = Vec::with_capacity(keys.len());
+            for key in keys {
+                values.push(self.load(key).await?);
+            }
+            Ok(values)
+        }
+    }
 }
 
 /// The output of a loader closure: `Result<Option<V>, E>`.
@@ -170,6 +189,77 @@ where
             }
         }
         result
+    }
+
+    /// Loads each of `keys` the guard does not rule out, with one
+    /// [`Loader::load_many`] call for all of them; answers in the order of
+    /// `keys`. This is the seen-items gate: ~120 candidates per request, one
+    /// `check_many`, and one `MGET` for the few that may be there.
+    ///
+    /// Batches are not coalesced with other calls. With no key left to load,
+    /// the backend is not called at all.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use bloomguard::{Guard, GuardedLoader};
+    ///
+    /// let guard = Guard::builder().expected_items(1_000).build()?;
+    /// guard.insert("user:1:item:2");
+    /// let loader = GuardedLoader::new(guard, |key: &'static str| async move {
+    ///     Ok::<_, std::io::Error>((key == "user:1:item:2").then_some(()))
+    /// });
+    /// let seen = loader.get_many(&["user:1:item:2", "user:1:item:3"]).await?;
+    /// assert_eq!(seen, [Some(()), None]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// The loader's error: the whole batch fails, and nothing is counted.
+    pub async fn get_many(&self, keys: &[K]) -> Result<Vec<Option<L::Value>>, Arc<L::Error>> {
+        let guard = &self.inner.guard;
+        let mut verdicts = vec![Verdict::Warming; keys.len()];
+        guard.check_many(keys, &mut verdicts);
+        let confirmed = guard.confirmed_absent();
+        let mut asked = Vec::new();
+        for (index, (key, verdict)) in keys.iter().zip(&verdicts).enumerate() {
+            let ruled_out = match verdict {
+                Verdict::Absent => true,
+                Verdict::MaybePresent => {
+                    confirmed.is_some_and(|confirmed| confirmed.is_absent(key.as_ref()))
+                }
+                Verdict::Warming => false,
+            };
+            if ruled_out && *verdict == Verdict::MaybePresent {
+                guard.count_confirmed_absent_hit();
+            }
+            if !ruled_out {
+                asked.push(index);
+            }
+        }
+        let mut values: Vec<Option<L::Value>> = vec![None; keys.len()];
+        if asked.is_empty() {
+            return Ok(values);
+        }
+        let asked_at = Instant::now();
+        let loaded = self
+            .inner
+            .loader
+            .load_many(asked.iter().map(|&index| keys[index].clone()).collect())
+            .await
+            .map_err(Arc::new)?;
+        for (&index, value) in asked.iter().zip(loaded) {
+            let verdict = verdicts[index];
+            guard.count_outcome(verdict, value.is_some());
+            if value.is_none()
+                && verdict == Verdict::MaybePresent
+                && let Some(confirmed) = confirmed
+            {
+                confirmed.remember(keys[index].as_ref(), asked_at);
+            }
+            values[index] = value;
+        }
+        Ok(values)
     }
 
     /// The guard in front of the loader.

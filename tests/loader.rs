@@ -214,3 +214,107 @@ async fn confirmed_false_positives_are_cached_until_inserted_or_expired() {
     assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
     assert_eq!(gate.calls(), 5, "expired after the ttl");
 }
+
+/// A batch loader that records the batches it was asked for.
+#[derive(Clone, Default)]
+struct Recording {
+    batches: Arc<std::sync::Mutex<Vec<Vec<String>>>>,
+}
+
+impl bloomguard::Loader<String> for Recording {
+    type Value = usize;
+    type Error = String;
+
+    async fn load(&self, key: String) -> Result<Option<usize>, String> {
+        self.load_many(vec![key])
+            .await
+            .map(|mut values| values.pop().flatten())
+    }
+
+    async fn load_many(&self, keys: Vec<String>) -> Result<Vec<Option<usize>>, String> {
+        self.batches.lock().unwrap().push(keys.clone());
+        if keys.iter().any(|key| key == "broken") {
+            return Err("batch failed".into());
+        }
+        Ok(keys
+            .iter()
+            .map(|key| key.starts_with("item").then_some(key.len()))
+            .collect())
+    }
+}
+
+#[tokio::test]
+async fn a_batch_loads_only_what_the_guard_lets_through_in_one_call() {
+    let present: Vec<String> = (0..10).map(|i| format!("item:{i}")).collect();
+    let guard = guard_with(&present.iter().map(String::as_str).collect::<Vec<_>>());
+    let recording = Recording::default();
+    let loader = GuardedLoader::new(guard, recording.clone());
+
+    let mut candidates: Vec<String> = (0..200).map(|i| format!("absent:{i}")).collect();
+    for (slot, key) in present.iter().enumerate() {
+        candidates[slot * 20 + 3] = key.clone();
+    }
+    let values = loader.get_many(&candidates).await.unwrap();
+    for (key, value) in candidates.iter().zip(&values) {
+        let expected = key.starts_with("item").then_some(key.len());
+        assert_eq!(
+            *value, expected,
+            "{key}: answers keep the order of the keys"
+        );
+    }
+    let batches = recording.batches.lock().unwrap().clone();
+    assert_eq!(batches.len(), 1, "one backend call for the batch");
+    let stats = loader.guard().stats();
+    assert_eq!(
+        batches[0].len() as u64,
+        10 + stats.false_positives,
+        "only the present keys and the false positives were asked for"
+    );
+    assert_eq!(stats.found, 10);
+    assert_eq!(stats.checks.absent + stats.checks.maybe_present, 200);
+
+    let nothing_to_load: Vec<String> = (1_000..1_100)
+        .map(|i| format!("absent:{i}"))
+        .filter(|key| loader.guard().check(key).is_absent())
+        .collect();
+    let values = loader.get_many(&nothing_to_load).await.unwrap();
+    assert!(values.iter().all(Option::is_none));
+    assert_eq!(
+        recording.batches.lock().unwrap().len(),
+        1,
+        "no call for an all-absent batch"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_batch_fails_whole_and_counts_nothing() {
+    let guard = guard_with(&["item:1", "broken"]);
+    let loader = GuardedLoader::new(guard, Recording::default());
+    let error = loader
+        .get_many(&["item:1".to_string(), "broken".to_string()])
+        .await
+        .unwrap_err();
+    assert_eq!(*error, "batch failed");
+    let stats = loader.guard().stats();
+    assert_eq!((stats.found, stats.false_positives), (0, 0));
+}
+
+#[tokio::test]
+async fn the_default_batch_load_asks_one_key_at_a_time() {
+    let gate = Gate::closed();
+    gate.open.add_permits(100);
+    let loader = GuardedLoader::new(guard_with(&["item:1", "item:22"]), gate.loader());
+    let keys = [
+        "item:1".to_string(),
+        "absent".to_string(),
+        "item:22".to_string(),
+    ];
+    let values = loader.get_many(&keys).await.unwrap();
+    assert_eq!(values[0], Some(6));
+    assert_eq!(values[2], Some(7));
+    assert_eq!(values[1], None);
+    assert_eq!(
+        gate.calls() as u64,
+        2 + loader.guard().stats().false_positives
+    );
+}

@@ -126,6 +126,19 @@ fn guard_over(server: &RedisServer, policy: Rebuild) -> Guard {
         .unwrap()
 }
 
+/// How often the server ran `command`, from `INFO commandstats`.
+fn command_calls(server: &RedisServer, command: &str) -> u64 {
+    let mut connection = server.client().get_connection().unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut connection)
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guard_rebuilds_from_scan_and_loads_with_get_and_mget() {
     let Some(server) = RedisServer::start() else {
@@ -164,6 +177,22 @@ async fn a_guard_rebuilds_from_scan_and_loads_with_get_and_mget() {
         guarded.get("7".to_string()).await.unwrap(),
         Some(b"value 7".to_vec())
     );
+    // A batch: the candidates the guard rules out never reach Redis, and the
+    // rest go in one MGET.
+    let mgets_before = command_calls(&server, "mget");
+    let candidates: Vec<String> = (0..100)
+        .map(|i| match i % 10 {
+            0 => (i * 100).to_string(),
+            _ => format!("absent-batch-{i}"),
+        })
+        .collect();
+    let values = guarded.get_many(&candidates).await.unwrap();
+    for (candidate, value) in candidates.iter().zip(&values) {
+        let expected = (!candidate.starts_with("absent")).then(|| format!("value {candidate}"));
+        assert_eq!(value.as_deref(), expected.as_deref().map(str::as_bytes));
+    }
+    assert_eq!(command_calls(&server, "mget") - mgets_before, 1);
+
     let service = GuardLayer::for_loader(guard.clone()).layer(loader);
     assert_eq!(
         service.clone().oneshot("8".to_string()).await.unwrap(),

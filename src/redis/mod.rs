@@ -267,13 +267,29 @@ impl RedisLoader {
         &self,
         keys: &[K],
     ) -> Result<Vec<Option<Vec<u8>>>, RedisError> {
+        self.query_many(self.mget(keys)).await
+    }
+
+    /// The `MGET` for `keys`, built before any await so that the keys need
+    /// not outlive it; `None` for no keys.
+    fn mget<K: AsRef<[u8]>>(&self, keys: &[K]) -> Option<redis::Cmd> {
         if keys.is_empty() {
-            return Ok(Vec::new());
+            return None;
         }
         let mut command = redis::cmd("MGET");
         for key in keys {
             command.arg(self.redis_key(key.as_ref()));
         }
+        Some(command)
+    }
+
+    async fn query_many(
+        &self,
+        mget: Option<redis::Cmd>,
+    ) -> Result<Vec<Option<Vec<u8>>>, RedisError> {
+        let Some(command) = mget else {
+            return Ok(Vec::new());
+        };
         let mut manager = self.connection.get().await?;
         command.query_async(&mut manager).await
     }
@@ -286,6 +302,15 @@ impl<K: AsRef<[u8]> + Send + 'static> Loader<K> for RedisLoader {
     fn load(&self, key: K) -> impl Future<Output = Result<Option<Vec<u8>>, RedisError>> + Send {
         let loader = self.clone();
         async move { loader.get(key).await }
+    }
+
+    /// One `MGET` for the batch.
+    fn load_many(
+        &self,
+        keys: Vec<K>,
+    ) -> impl Future<Output = Result<Vec<Option<Vec<u8>>>, RedisError>> + Send {
+        let (loader, mget) = (self.clone(), self.mget(&keys));
+        async move { loader.query_many(mget).await }
     }
 }
 

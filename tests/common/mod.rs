@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod redis_server;
+
 /// `user:{u}:item:{i}` keys, numbered `first..first + count` (13–30 bytes).
 pub(crate) fn keys(first: u64, count: u64) -> Vec<String> {
     (first..first + count)

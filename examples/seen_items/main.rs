@@ -1,0 +1,383 @@
+//! The seen-items gate: "has this user already seen this item?" for every
+//! candidate of a recommendation feed, answered by a guard in front of the
+//! store so that only "maybe" answers cost a lookup.
+//!
+//! ```text
+//! cargo run --release --features redis --example seen_items
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --release --features redis --example seen_items
+//! cargo run --release --features redis --example seen_items -- --help
+//! ```
+//!
+//! It draws a seen history (users by Zipf activity, items by Zipf
+//! popularity), writes it to the store — an embedded in-memory store, or
+//! Redis when `REDIS_URL` is set — and builds the guard from the store as a
+//! `KeySource`. Then it replays feed requests (120 candidates each, 97 %
+//! unseen by default) through `GuardedLoader::get_many`: one `check_many`,
+//! one batch lookup (MGET) for the "maybe" candidates. Users keep seeing new
+//! items, so the history grows while it runs, the filter's drift rises and
+//! the maintenance task rebuilds it (or rotates windows, `--lifecycle
+//! rotate`). The same replay without the guard comes second; the report
+//! puts them side by side, and a picture of the guard over time is written.
+//!
+//! Requests run on one thread (a current-thread runtime); the guard's
+//! maintenance runs on a second one, as a service's background task would.
+//! Every few requests are audited against the ground truth: a false negative
+//! stops the run with an error.
+
+pub(crate) mod replay;
+pub(crate) mod report;
+mod store;
+mod workload;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bloomguard::{Guard, Lifecycle, Rebuild};
+use clap::{Parser, ValueEnum};
+
+use replay::Pacing;
+use report::{Outcome, draw_chart, exact_set_bytes};
+use store::{Backend, MemoryStore, SeenStore};
+use workload::{Shape, Workload, seen_key};
+
+/// Replay a recommendation feed through a bloomguard seen-items gate, with
+/// and without the guard, and report what it saved.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "seen_items")]
+pub(crate) struct Args {
+    /// Users; their activity follows Zipf(--user-skew).
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) users: u64,
+    /// Items; their popularity follows Zipf(--item-skew).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub(crate) items: u64,
+    /// (user, item) pairs seen before the run starts.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub(crate) history: u64,
+    /// Zipf exponent of user activity (0 = every user alike).
+    #[arg(long, default_value_t = 0.8)]
+    pub(crate) user_skew: f64,
+    /// Zipf exponent of item popularity.
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) item_skew: f64,
+    /// Candidates checked per feed request.
+    #[arg(long, default_value_t = 120)]
+    pub(crate) candidates: usize,
+    /// Share of the candidates the user has not seen.
+    #[arg(long, default_value_t = 0.97)]
+    pub(crate) negative_ratio: f64,
+    /// The guard's target false-positive rate.
+    #[arg(long, default_value_t = 0.01)]
+    pub(crate) fpr: f64,
+    /// Feed requests per second to issue (the production peak is 18000,
+    /// i.e. 2.16 M checks/s); 0 issues them as fast as they complete.
+    #[arg(long, default_value_t = 18_000)]
+    pub(crate) rate: u64,
+    /// How long each replay runs: 10s, 500ms, 1m.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub(crate) duration: Duration,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) concurrency: usize,
+    /// Unseen candidates each request shows the user, written to the store
+    /// as seen: this is how the history grows during the run.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) new_seen: usize,
+    /// How the guard ages: rebuild from the store on drift, or rotate
+    /// time windows (the store then expires entries after --window).
+    #[arg(long, value_enum, default_value_t = LifecycleChoice::Rebuild)]
+    pub(crate) lifecycle: LifecycleChoice,
+    /// Rebuild when the estimated FPR passes this multiple of the target (> 1).
+    #[arg(long, default_value_t = 1.1)]
+    pub(crate) drift: f64,
+    /// A rebuild sizes the filter for the keys it counted times this.
+    #[arg(long, default_value_t = 1.15)]
+    pub(crate) headroom: f64,
+    /// With `--lifecycle rotate`: how long a seen item counts as seen.
+    #[arg(long, default_value = "4s", value_parser = parse_duration)]
+    pub(crate) window: Duration,
+    /// Skip the replay without the guard.
+    #[arg(long)]
+    pub(crate) no_baseline: bool,
+    /// Every n-th request is checked against the ground truth.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) audit_every: u64,
+    /// The store: Redis at this URL (needs the `redis` feature); the
+    /// embedded in-memory store when unset.
+    #[arg(long, env = "REDIS_URL")]
+    pub(crate) redis_url: Option<String>,
+    /// Where to write the picture (SVG).
+    #[arg(long, default_value = "target/seen_items.svg")]
+    pub(crate) chart: PathBuf,
+    /// Seed of the history, the requests and the filter.
+    #[arg(long, default_value_t = 0x5eed)]
+    pub(crate) seed: u64,
+    /// No progress bar.
+    #[arg(long)]
+    pub(crate) quiet: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LifecycleChoice {
+    Rebuild,
+    Rotate,
+}
+
+/// Generations kept in rotation mode.
+const GENERATIONS: usize = 4;
+
+/// How much longer the guard keeps a key than the store, at least.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(500);
+
+/// Requests per second assumed for sizing when `--rate 0` leaves it open.
+const UNPACED_RATE_GUESS: u64 = 40_000;
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| c.is_ascii_alphabetic())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration such as 10s, 500ms or 2m"))?;
+    let seconds = match unit {
+        "ms" => value / 1e3,
+        "s" | "" => value,
+        "m" => value * 60.0,
+        _ => return Err(format!("`{unit}` is not a unit: use ms, s or m")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|error| error.to_string())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    // The requests run on this one thread; see the module docs.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let outcome = runtime.block_on(run(args.clone()))?;
+    outcome.print();
+    println!("picture of the guard over time: {}", args.chart.display());
+    Ok(())
+}
+
+impl Args {
+    /// What clap's types cannot say.
+    fn check(&self) -> Result<(), String> {
+        let fits_u32 = |n: u64| (1..=u64::from(u32::MAX)).contains(&n);
+        if !fits_u32(self.users) || !fits_u32(self.items) {
+            return Err("--users and --items must be between 1 and 2^32 - 1".into());
+        }
+        if self.history > self.users.saturating_mul(self.items) / 2 {
+            return Err("--history must be at most half of --users × --items".into());
+        }
+        if !(0.0..=1.0).contains(&self.negative_ratio) {
+            return Err("--negative-ratio must be within [0, 1]".into());
+        }
+        if self.candidates == 0 || self.concurrency == 0 {
+            return Err("--candidates and --concurrency must be at least 1".into());
+        }
+        if self.duration.is_zero() || self.window.is_zero() {
+            return Err("--duration and --window must be longer than zero".into());
+        }
+        Ok(())
+    }
+}
+
+/// The whole demo; returns what it measured.
+pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error>> {
+    args.check()?;
+    let expires_after = (args.lifecycle == LifecycleChoice::Rotate).then_some(args.window);
+    let started = Instant::now();
+    let workload = Arc::new(Workload::generate(
+        Shape {
+            users: args.users,
+            items: args.items,
+            history: args.history,
+            user_skew: args.user_skew,
+            item_skew: args.item_skew,
+            candidates: args.candidates,
+            negative_ratio: args.negative_ratio,
+            seed: args.seed,
+        },
+        expires_after,
+    ));
+    let history_before = workload.truth.len();
+    println!(
+        "history: {history_before} seen (user, item) pairs of {} users and {} items, drawn in {:.1?}",
+        args.users,
+        args.items,
+        started.elapsed()
+    );
+
+    let store = open_store(args.redis_url.as_deref(), expires_after).await?;
+    let started = Instant::now();
+    let keys: Vec<String> = workload.truth.pairs().into_iter().map(seen_key).collect();
+    for chunk in keys.chunks(10_000) {
+        store.write(chunk).await?;
+    }
+    drop(keys);
+    println!(
+        "store: {}, history written in {:.1?}",
+        store.describe(),
+        started.elapsed()
+    );
+
+    // Room for the history to grow before the first rebuild.
+    let expected = (history_before as f64 * args.headroom) as u64;
+    let guard = build_guard(&args, &store, expected)?;
+    let maintenance = Maintenance::start(guard.clone());
+    let started = Instant::now();
+    while guard.is_warming() {
+        if started.elapsed() > Duration::from_secs(300) {
+            return Err("the guard's first build did not finish in 5 minutes".into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stats = guard.stats();
+    println!(
+        "guard: first build from the store in {:.1?}: {} keys, {:.1} MiB, k sized for {:.2} % (estimated {:.3} %)",
+        started.elapsed(),
+        stats.last_rebuild.as_ref().map_or(0, |report| report.keys),
+        stats.memory_bytes as f64 / f64::from(1 << 20),
+        100.0 * args.fpr,
+        100.0 * stats.estimated_fpr,
+    );
+
+    let pacing = Pacing {
+        duration: args.duration,
+        rate: args.rate,
+        concurrency: args.concurrency,
+        new_seen_per_request: args.new_seen,
+        audit_every: args.audit_every.max(1),
+        show_progress: !args.quiet,
+    };
+    let guarded = replay::run(&workload, &store, Some(&guard), &pacing, args.seed).await?;
+    // The live filters only: a rebuild still running at the end would add
+    // its shadow filter, which is gone once it swaps.
+    let filter_bytes = guard
+        .live_filters()
+        .iter()
+        .map(|filter| filter.memory_bytes())
+        .sum();
+    maintenance.stop();
+    let history_after = workload.truth.len();
+    let baseline = if args.no_baseline {
+        None
+    } else {
+        Some(replay::run(&workload, &store, None, &pacing, args.seed).await?)
+    };
+
+    // The keys the store holds now (in rotation mode, the unexpired ones).
+    let now = Instant::now();
+    let held: Vec<u64> = workload
+        .truth
+        .pairs()
+        .into_iter()
+        .filter(|&pair| workload.truth.must_hold(pair, now, Duration::ZERO))
+        .collect();
+    let key_bytes: usize = held.iter().map(|&pair| seen_key(pair).len()).sum();
+    let outcome = Outcome {
+        guarded,
+        baseline,
+        target_fpr: args.fpr,
+        target_rate: args.rate,
+        filter_bytes,
+        exact_set_bytes: exact_set_bytes(held.len(), key_bytes),
+        history_before,
+        history_after,
+    };
+    if let Some(parent) = args.chart.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    draw_chart(&args.chart, &outcome.guarded, args.fpr)?;
+    Ok(outcome)
+}
+
+async fn open_store(
+    redis_url: Option<&str>,
+    expires_after: Option<Duration>,
+) -> Result<SeenStore, Box<dyn std::error::Error>> {
+    if let Some(url) = redis_url {
+        #[cfg(feature = "redis")]
+        {
+            let redis = store::RedisStore::open(url, expires_after).await?;
+            return Ok(SeenStore::new(Backend::Redis(Arc::new(redis))));
+        }
+        #[cfg(not(feature = "redis"))]
+        eprintln!(
+            "note: Redis at {url} was asked for, but the `redis` feature is off; using the in-memory store"
+        );
+    }
+    Ok(SeenStore::new(Backend::Memory(Arc::new(MemoryStore::new(
+        expires_after,
+    )))))
+}
+
+fn build_guard(
+    args: &Args,
+    store: &SeenStore,
+    expected_items: u64,
+) -> Result<Guard, bloomguard::ConfigError> {
+    let builder = Guard::builder()
+        .name("seen_items")
+        .expected_items(expected_items)
+        .false_positive_rate(args.fpr)
+        .seed(args.seed)
+        .source(store.source())
+        .maintenance_interval(Duration::from_millis(50));
+    match args.lifecycle {
+        LifecycleChoice::Rebuild => builder
+            .rebuild(Rebuild::when_drift_exceeds(args.drift).headroom(args.headroom))
+            .build(),
+        LifecycleChoice::Rotate => {
+            // A key leaves the guard (G-1 to G periods after its insert) no
+            // sooner than the store expires it (--window after its write,
+            // which follows the insert by far less than the margin).
+            let period = (args.window + EXPIRY_MARGIN) / (GENERATIONS as u32 - 1);
+            // The first build holds the history; each later generation only
+            // what users see in one period.
+            let requests_per_period =
+                args.rate.max(UNPACED_RATE_GUESS) as f64 * period.as_secs_f64();
+            let seen_per_period = requests_per_period * args.new_seen.max(1) as f64;
+            builder
+                .expected_items((seen_per_period * args.headroom) as u64)
+                .lifecycle(Lifecycle::rotate(GENERATIONS, period))
+                .rebuild(Rebuild::manual())
+                .build()
+        }
+    }
+}
+
+/// The guard's maintenance task, on a runtime of its own thread.
+struct Maintenance {
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Maintenance {
+    fn start(guard: Guard) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the maintenance task");
+            runtime.block_on(async move {
+                let task = guard.spawn_maintenance();
+                let _ = stopped.await;
+                task.shutdown().await;
+            });
+        });
+        Self { stop, thread }
+    }
+
+    fn stop(self) {
+        let _ = self.stop.send(());
+        self.thread
+            .join()
+            .expect("the maintenance thread ended cleanly");
+    }
+}

@@ -1,0 +1,325 @@
+//! The side-by-side report and the picture of the guard over time.
+
+use std::path::Path;
+use std::time::Duration;
+
+use plotters::prelude::*;
+
+use super::replay::{Event, Phase, Sample};
+
+/// What a run measured.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    pub(crate) guarded: Phase,
+    pub(crate) baseline: Option<Phase>,
+    pub(crate) target_fpr: f64,
+    pub(crate) target_rate: u64,
+    pub(crate) filter_bytes: usize,
+    /// An exact `HashSet<String>` of the same keys (the same count).
+    pub(crate) exact_set_bytes: usize,
+    pub(crate) history_before: usize,
+    pub(crate) history_after: usize,
+}
+
+impl Outcome {
+    /// Share of the checks that did not reach the store.
+    pub(crate) fn avoided(&self) -> f64 {
+        1.0 - self.guarded.store_keys as f64 / self.guarded.checks.max(1) as f64
+    }
+
+    pub(crate) fn memory_ratio(&self) -> f64 {
+        self.filter_bytes as f64 / self.exact_set_bytes as f64
+    }
+
+    pub(crate) fn print(&self) {
+        let phases: Vec<&Phase> = self.baseline.iter().chain([&self.guarded]).collect();
+        let row = |label: &str, cell: &dyn Fn(&Phase) -> String| {
+            let cells: String = phases
+                .iter()
+                .map(|phase| format!("{:>16}", cell(phase)))
+                .collect();
+            println!("{label:<36}{cells}");
+        };
+        let heading: String = phases
+            .iter()
+            .map(|phase| {
+                format!(
+                    "{:>16}",
+                    if phase.guarded {
+                        "with guard"
+                    } else {
+                        "no guard"
+                    }
+                )
+            })
+            .collect();
+        println!("\n{:<36}{heading}", "");
+        row("requests", &|p| p.requests.to_string());
+        let rate = match self.target_rate {
+            0 => "requests/s (unpaced)".to_string(),
+            rate => format!("requests/s (target {rate})"),
+        };
+        row(&rate, &|p| {
+            format!("{:.0}", p.requests as f64 / p.elapsed.as_secs_f64())
+        });
+        row("checks/s", &|p| {
+            format!("{:.2} M", p.checks as f64 / p.elapsed.as_secs_f64() / 1e6)
+        });
+        row("store lookups per request", &|p| {
+            format!("{:.2}", per_request(p, p.store_keys))
+        });
+        row("store round trips per request", &|p| {
+            format!("{:.3}", per_request(p, p.store_calls))
+        });
+        row("store lookups avoided", &|p| {
+            format!(
+                "{:.1} %",
+                100.0 * (1.0 - p.store_keys as f64 / p.checks.max(1) as f64)
+            )
+        });
+        row(
+            &format!("observed FPR (target {:.2} %)", 100.0 * self.target_fpr),
+            &|p| {
+                if p.guarded {
+                    format!("{:.3} %", 100.0 * p.observed_fpr())
+                } else {
+                    "-".into()
+                }
+            },
+        );
+        row("negatives among the checks", &|p| {
+            format!(
+                "{:.1} %",
+                100.0 * (1.0 - p.found as f64 / p.checks.max(1) as f64)
+            )
+        });
+        row("latency per request p50", &|p| {
+            format_latency(p.latency_quantile(0.5))
+        });
+        row("latency per request p99", &|p| {
+            format_latency(p.latency_quantile(0.99))
+        });
+        row("latency per request p99.9", &|p| {
+            format_latency(p.latency_quantile(0.999))
+        });
+        println!(
+            "{:<36}{:>16}{:>16}",
+            "memory: exact HashSet vs filter",
+            mib(self.exact_set_bytes),
+            mib(self.filter_bytes)
+        );
+        println!(
+            "\nthe guard kept {:.1} % of the lookups from the store; the filter takes 1/{:.0} of the exact set's memory; {} checks audited against the ground truth: no false negatives",
+            100.0 * self.avoided(),
+            1.0 / self.memory_ratio(),
+            phases.iter().map(|p| p.audited_checks).sum::<u64>()
+        );
+        let guarded = &self.guarded;
+        let growth = self.history_after as f64 / self.history_before as f64 - 1.0;
+        let rebuilds = guarded.events.iter().filter(|e| e.rebuild).count();
+        let rotations = guarded.events.len() - rebuilds;
+        let peak = guarded
+            .timeline
+            .iter()
+            .map(|s| s.estimated_drift)
+            .fold(0.0, f64::max);
+        let last = guarded.timeline.last().map_or(0.0, |s| s.estimated_drift);
+        println!(
+            "lifecycle: users saw {} new items in the guarded replay, the history grew {:.1} % ({} → {} pairs); estimated drift peaked at {peak:.2} and ended at {last:.2}; {rebuilds} rebuild(s){}{}",
+            guarded.written,
+            100.0 * growth,
+            self.history_before,
+            self.history_after,
+            if rotations > 0 {
+                format!(", {rotations} rotation(s)")
+            } else {
+                String::new()
+            },
+            describe_events(&guarded.events),
+        );
+    }
+}
+
+fn per_request(phase: &Phase, count: u64) -> f64 {
+    count as f64 / phase.requests.max(1) as f64
+}
+
+fn format_latency(latency: Duration) -> String {
+    if latency < Duration::from_millis(1) {
+        format!("{:.1} µs", latency.as_secs_f64() * 1e6)
+    } else {
+        format!("{:.2} ms", latency.as_secs_f64() * 1e3)
+    }
+}
+
+fn mib(bytes: usize) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+}
+
+fn describe_events(events: &[Event]) -> String {
+    if events.is_empty() {
+        return String::new();
+    }
+    let times: Vec<String> = events.iter().map(|e| format!("{:.1} s", e.at)).collect();
+    format!(" (at {})", times.join(", "))
+}
+
+/// Memory of a `HashSet<String>` holding `keys` (hashbrown: one control byte
+/// and one `String` per bucket, buckets a power of two at ≤ 7/8 load, plus
+/// each key's heap bytes).
+pub(crate) fn exact_set_bytes(count: usize, key_bytes: usize) -> usize {
+    let buckets = (count * 8 / 7 + 1).next_power_of_two();
+    buckets * (std::mem::size_of::<String>() + 1) + key_bytes
+}
+
+/// Fill, pass-through and the false-positive rates over the guarded phase,
+/// with rebuilds (red) and rotations (orange) marked.
+pub(crate) fn draw_chart(
+    path: &Path,
+    phase: &Phase,
+    target_fpr: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let root = SVGBackend::new(path, (1000, 720)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (upper, lower) = root.split_vertically(360);
+    let end = phase.elapsed.as_secs_f64();
+    let samples = &phase.timeline;
+
+    let upper_limit = samples
+        .iter()
+        .map(|s| s.fill_ratio.max(s.pass_through))
+        .fold(0.1, f64::max)
+        .mul_add(1.25, 0.0)
+        .min(1.0);
+    let mut chart = ChartBuilder::on(&upper)
+        .caption(
+            "bloomguard seen-items gate: fill and pass-through",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(48)
+        .build_cartesian_2d(0.0..end, 0.0..upper_limit)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc("ratio")
+        .draw()?;
+    draw_line(
+        &mut chart,
+        samples,
+        |s| Some(s.fill_ratio),
+        BLUE,
+        "fill ratio",
+    )?;
+    draw_line(
+        &mut chart,
+        samples,
+        |s| Some(s.pass_through),
+        GREEN,
+        "pass-through to the store",
+    )?;
+    mark_events(&mut chart, &phase.events, 0.0, upper_limit)?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()?;
+
+    let highest = samples
+        .iter()
+        .flat_map(|s| [s.estimated_fpr, s.observed_fpr.unwrap_or(0.0)])
+        .fold(target_fpr, f64::max)
+        * 100.0
+        * 1.25;
+    let mut chart = ChartBuilder::on(&lower)
+        .caption(
+            "false-positive rate: estimated from fill, observed from the store",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(48)
+        .build_cartesian_2d(0.0..end, 0.0..highest)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc("%")
+        .draw()?;
+    draw_line(
+        &mut chart,
+        samples,
+        |s| Some(100.0 * s.estimated_fpr),
+        BLUE,
+        "estimated FPR",
+    )?;
+    draw_line(
+        &mut chart,
+        samples,
+        |s| s.observed_fpr.map(|f| 100.0 * f),
+        MAGENTA,
+        "observed FPR",
+    )?;
+    chart
+        .draw_series(LineSeries::new(
+            [(0.0, 100.0 * target_fpr), (end, 100.0 * target_fpr)],
+            BLACK,
+        ))?
+        .label("target")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK));
+    mark_events(&mut chart, &phase.events, 0.0, highest)?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+fn draw_line(
+    chart: &mut Chart<'_, '_>,
+    samples: &[Sample],
+    value: impl Fn(&Sample) -> Option<f64>,
+    color: RGBColor,
+    label: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let points = samples.iter().filter_map(|s| value(s).map(|v| (s.at, v)));
+    chart
+        .draw_series(LineSeries::new(points, color.stroke_width(2)))?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+    Ok(())
+}
+
+fn mark_events(
+    chart: &mut Chart<'_, '_>,
+    events: &[Event],
+    low: f64,
+    high: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    for rebuild in [true, false] {
+        let color = if rebuild { RED } else { RGBColor(255, 140, 0) };
+        let lines: Vec<_> = events
+            .iter()
+            .filter(|event| event.rebuild == rebuild)
+            .map(|event| PathElement::new([(event.at, low), (event.at, high)], color))
+            .collect();
+        if lines.is_empty() {
+            continue;
+        }
+        chart
+            .draw_series(lines)?
+            .label(if rebuild { "rebuild" } else { "rotation" })
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color));
+    }
+    Ok(())
+}

@@ -1,0 +1,292 @@
+//! Where the seen history lives: an embedded in-memory store, or Redis when
+//! `REDIS_URL` is set. Either is a `Loader` (batches with one lookup pass or
+//! one MGET) and a `KeySource` for the guard's rebuilds.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bloomguard::Loader;
+use bloomguard::source::{KeyBatch, KeySource, KeyStream, SourceError};
+use futures_core::Stream;
+use xxhash_rust::xxh3::Xxh3DefaultBuilder;
+
+/// The store's answer to "has this user seen this item?": found or not.
+pub(crate) type Seen = ();
+
+/// The store, counting the lookups it serves.
+#[derive(Debug, Clone)]
+pub(crate) struct SeenStore {
+    backend: Backend,
+    lookups: Arc<Lookups>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Backend {
+    Memory(Arc<MemoryStore>),
+    #[cfg(feature = "redis")]
+    Redis(Arc<RedisStore>),
+}
+
+#[derive(Debug, Default)]
+struct Lookups {
+    keys: AtomicU64,
+    calls: AtomicU64,
+}
+
+/// Keys looked up and calls made, at some moment.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LookupCount {
+    keys: u64,
+    calls: u64,
+}
+
+impl SeenStore {
+    pub(crate) fn new(backend: Backend) -> Self {
+        Self {
+            backend,
+            lookups: Arc::default(),
+        }
+    }
+
+    pub(crate) fn lookups(&self) -> LookupCount {
+        LookupCount {
+            keys: self.lookups.keys.load(Ordering::Relaxed),
+            calls: self.lookups.calls.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Keys looked up and calls made since `before`.
+    pub(crate) fn lookups_since(&self, before: LookupCount) -> (u64, u64) {
+        let now = self.lookups();
+        (now.keys - before.keys, now.calls - before.calls)
+    }
+
+    /// Writes `keys` as seen now (with the store's expiry, if any).
+    pub(crate) async fn write(&self, keys: &[String]) -> Result<(), String> {
+        match &self.backend {
+            Backend::Memory(memory) => {
+                memory.write(keys);
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            Backend::Redis(redis) => redis.write(keys).await,
+        }
+    }
+
+    /// The keys, streamed for a rebuild.
+    pub(crate) fn source(&self) -> Box<dyn KeySource> {
+        match &self.backend {
+            Backend::Memory(memory) => Box::new(Arc::clone(memory)),
+            #[cfg(feature = "redis")]
+            Backend::Redis(redis) => Box::new(redis.source()),
+        }
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        match &self.backend {
+            Backend::Memory(_) => "embedded in-memory store".into(),
+            #[cfg(feature = "redis")]
+            Backend::Redis(redis) => format!("Redis at {} (keys under {PREFIX})", redis.url),
+        }
+    }
+}
+
+impl Loader<String> for SeenStore {
+    type Value = Seen;
+    type Error = String;
+
+    async fn load(&self, key: String) -> Result<Option<Seen>, String> {
+        Ok(self.load_many(vec![key]).await?.pop().flatten())
+    }
+
+    async fn load_many(&self, keys: Vec<String>) -> Result<Vec<Option<Seen>>, String> {
+        self.lookups.calls.fetch_add(1, Ordering::Relaxed);
+        self.lookups
+            .keys
+            .fetch_add(keys.len() as u64, Ordering::Relaxed);
+        match &self.backend {
+            Backend::Memory(memory) => Ok(keys
+                .iter()
+                .map(|key| memory.contains(key).then_some(()))
+                .collect()),
+            #[cfg(feature = "redis")]
+            Backend::Redis(redis) => redis.contains_many(&keys).await,
+        }
+    }
+}
+
+const SHARDS: usize = 64;
+
+type Shard = HashMap<String, Instant, Xxh3DefaultBuilder>;
+
+/// Sharded, so that a rebuild listing one shard holds up writes to that
+/// shard only.
+#[derive(Debug)]
+pub(crate) struct MemoryStore {
+    shards: Vec<RwLock<Shard>>,
+    expires_after: Option<Duration>,
+}
+
+impl MemoryStore {
+    pub(crate) fn new(expires_after: Option<Duration>) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
+            expires_after,
+        }
+    }
+
+    fn shard(&self, key: &str) -> &RwLock<Shard> {
+        // Middle bits: the maps use the low ones for buckets and the top ones
+        // for their control bytes.
+        &self.shards[(Xxh3DefaultBuilder.hash_one(key) >> 32) as usize % SHARDS]
+    }
+
+    fn is_live(&self, written_at: Instant, now: Instant) -> bool {
+        self.expires_after
+            .is_none_or(|ttl| now.saturating_duration_since(written_at) < ttl)
+    }
+
+    pub(crate) fn contains(&self, key: &str) -> bool {
+        let shard = self.shard(key).read().unwrap();
+        shard
+            .get(key)
+            .is_some_and(|&at| self.is_live(at, Instant::now()))
+    }
+
+    pub(crate) fn write(&self, keys: &[String]) {
+        let now = Instant::now();
+        for key in keys {
+            self.shard(key).write().unwrap().insert(key.clone(), now);
+        }
+    }
+
+    /// The live keys of shard `index`.
+    fn list_shard(&self, index: usize) -> KeyBatch {
+        let now = Instant::now();
+        let shard = self.shards[index].read().unwrap();
+        shard
+            .iter()
+            .filter(|&(_, &at)| self.is_live(at, now))
+            .map(|(key, _)| key.as_bytes().to_vec())
+            .collect()
+    }
+}
+
+/// A pass lists one shard per batch.
+impl KeySource for MemoryStore {
+    fn scan(&self) -> KeyStream<'_> {
+        Box::pin(ShardScan {
+            store: self,
+            next: 0,
+        })
+    }
+}
+
+struct ShardScan<'a> {
+    store: &'a MemoryStore,
+    next: usize,
+}
+
+impl Stream for ShardScan<'_> {
+    type Item = Result<KeyBatch, SourceError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.next == SHARDS {
+            return Poll::Ready(None);
+        }
+        let batch = self.store.list_shard(self.next);
+        self.next += 1;
+        Poll::Ready(Some(Ok(batch)))
+    }
+}
+
+/// Redis keys are `PREFIX + user:…:item:…`.
+#[cfg(feature = "redis")]
+pub(crate) const PREFIX: &str = "bloomguard:seen:";
+
+#[cfg(feature = "redis")]
+#[derive(Debug, Clone)]
+pub(crate) struct RedisStore {
+    url: String,
+    client: redis::Client,
+    loader: bloomguard::redis::RedisLoader,
+    writes: redis::aio::MultiplexedConnection,
+    expires_after: Option<Duration>,
+}
+
+#[cfg(feature = "redis")]
+impl RedisStore {
+    /// Connects, and deletes what an earlier run left under [`PREFIX`].
+    pub(crate) async fn open(
+        url: &str,
+        expires_after: Option<Duration>,
+    ) -> Result<Self, redis::RedisError> {
+        let client = redis::Client::open(url)?;
+        let mut writes = client.get_multiplexed_async_connection().await?;
+        let mut cursor = 0u64;
+        loop {
+            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{PREFIX}*"))
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(&mut writes)
+                .await?;
+            if !keys.is_empty() {
+                let () = redis::cmd("UNLINK")
+                    .arg(keys)
+                    .query_async(&mut writes)
+                    .await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        let loader = bloomguard::redis::RedisLoader::new(client.clone()).prefix(PREFIX);
+        Ok(Self {
+            url: url.to_string(),
+            client,
+            loader,
+            writes,
+            expires_after,
+        })
+    }
+
+    /// One pipeline of `SET key 1 [PX ttl]`.
+    pub(crate) async fn write(&self, keys: &[String]) -> Result<(), String> {
+        let mut pipeline = redis::pipe();
+        for key in keys {
+            let command = pipeline.cmd("SET").arg(format!("{PREFIX}{key}")).arg(1);
+            if let Some(ttl) = self.expires_after {
+                command.arg("PX").arg(ttl.as_millis() as u64);
+            }
+            command.ignore();
+        }
+        let mut connection = self.writes.clone();
+        pipeline
+            .query_async::<()>(&mut connection)
+            .await
+            .map_err(|error| error.to_string())
+    }
+
+    async fn contains_many(&self, keys: &[String]) -> Result<Vec<Option<Seen>>, String> {
+        let values = self
+            .loader
+            .get_many(keys)
+            .await
+            .map_err(|error| error.to_string())?;
+        Ok(values.into_iter().map(|value| value.map(|_| ())).collect())
+    }
+
+    fn source(&self) -> bloomguard::redis::RedisSource {
+        bloomguard::redis::RedisSource::new(self.client.clone(), format!("{PREFIX}*"))
+            .strip_prefix(PREFIX)
+    }
+}

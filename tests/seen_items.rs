@@ -1,0 +1,171 @@
+//! The README's main job, `examples/seen_items`, run end to end at a small
+//! scale: the in-memory store with rebuilds and with rotation, and a real
+//! Redis. A false negative makes the run itself fail (every request is
+//! audited against the ground truth here).
+
+#[allow(dead_code, unreachable_pub)]
+#[path = "../examples/seen_items/main.rs"]
+mod seen_items;
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use common::redis_server::RedisServer;
+
+fn chart_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("bloomguard-{name}-{}.svg", std::process::id()))
+}
+
+/// A small run, paced so that a slow machine keeps up: 1,500 requests/s of
+/// 120 candidates for 3 s, each showing the user 8 new items, so the history
+/// grows by ~35 % and drifts past the rebuild threshold.
+fn small_run(chart: &Path, extra: &[&str]) -> seen_items::Args {
+    let mut args = vec![
+        "seen_items",
+        "--users",
+        "5000",
+        "--items",
+        "50000",
+        "--history",
+        "100000",
+        "--rate",
+        "1500",
+        "--duration",
+        "3s",
+        "--concurrency",
+        "16",
+        "--new-seen",
+        "8",
+        "--audit-every",
+        "1",
+        "--quiet",
+        "--chart",
+    ];
+    args.push(chart.to_str().unwrap());
+    args.extend_from_slice(extra);
+    seen_items::Args::try_parse_from(args).unwrap()
+}
+
+fn run(args: seen_items::Args) -> seen_items::report::Outcome {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime
+        .block_on(seen_items::run(args))
+        .unwrap_or_else(|error| panic!("the demo failed: {error}"))
+}
+
+fn assert_the_gate_pays_off(outcome: &seen_items::report::Outcome) {
+    let guarded = &outcome.guarded;
+    assert!(guarded.requests >= 4_000, "{} requests", guarded.requests);
+    assert_eq!(
+        guarded.audited_checks, guarded.checks,
+        "every check was audited"
+    );
+    assert!(
+        outcome.avoided() >= 0.95,
+        "only {:.3} of the lookups avoided",
+        outcome.avoided()
+    );
+    assert!(
+        outcome.memory_ratio() <= 1.0 / 20.0,
+        "the filter takes {:.3} of the exact set",
+        outcome.memory_ratio()
+    );
+    let baseline = outcome.baseline.as_ref().expect("a baseline replay");
+    assert_eq!(
+        baseline.store_keys, baseline.checks,
+        "without the guard every check is a lookup"
+    );
+}
+
+#[test]
+fn the_gate_avoids_lookups_and_a_rebuild_brings_drift_back() {
+    let chart = chart_path("rebuild");
+    let outcome = run(small_run(&chart, &[]));
+    assert_the_gate_pays_off(&outcome);
+    let guarded = &outcome.guarded;
+    assert!(
+        outcome.history_after as f64 >= outcome.history_before as f64 * 1.25,
+        "the history grew: {} → {}",
+        outcome.history_before,
+        outcome.history_after
+    );
+    let first_rebuild = guarded
+        .events
+        .iter()
+        .find(|event| event.rebuild)
+        .expect("drift triggered a rebuild");
+    let drift_at = |at: f64| {
+        guarded
+            .timeline
+            .iter()
+            .take_while(|sample| sample.at <= at)
+            .last()
+            .map_or(0.0, |sample| sample.estimated_drift)
+    };
+    let before = drift_at(first_rebuild.at - 0.05);
+    let after = guarded
+        .timeline
+        .iter()
+        .find(|sample| sample.at > first_rebuild.at)
+        .unwrap()
+        .estimated_drift;
+    assert!(before > 1.0, "drift before the rebuild: {before}");
+    assert!(after < before * 0.8, "drift fell from {before} to {after}");
+    // Drift is allowed up to the rebuild threshold (1.1) while a rebuild runs.
+    assert!(
+        guarded.observed_fpr() <= 0.011,
+        "observed FPR {}",
+        guarded.observed_fpr()
+    );
+
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(svg.starts_with("<svg"), "an SVG picture");
+    for label in ["fill ratio", "estimated FPR", "observed FPR", "rebuild"] {
+        assert!(svg.contains(label), "the picture shows {label}");
+    }
+    std::fs::remove_file(chart).unwrap();
+}
+
+#[test]
+fn rotation_forgets_no_key_the_store_still_holds() {
+    let chart = chart_path("rotate");
+    let outcome = run(small_run(
+        &chart,
+        &["--lifecycle", "rotate", "--window", "1s", "--no-baseline"],
+    ));
+    let guarded = &outcome.guarded;
+    assert_eq!(guarded.audited_checks, guarded.checks);
+    let rotations = guarded.events.iter().filter(|event| !event.rebuild).count();
+    assert!(
+        rotations >= 2,
+        "{rotations} rotations in 3 s of 0.5 s periods"
+    );
+    assert!(outcome.avoided() >= 0.9, "{}", outcome.avoided());
+    std::fs::remove_file(chart).unwrap();
+}
+
+#[test]
+fn the_gate_runs_against_real_redis() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let chart = chart_path("redis");
+    let url = server.url();
+    let outcome = run(small_run(&chart, &["--redis-url", &url]));
+    assert_the_gate_pays_off(&outcome);
+    let guarded = &outcome.guarded;
+    assert!(
+        guarded.store_calls <= guarded.requests,
+        "at most one MGET per request"
+    );
+    assert!(
+        guarded.events.iter().any(|event| event.rebuild),
+        "a rebuild from SCAN"
+    );
+    std::fs::remove_file(chart).unwrap();
+}

@@ -241,6 +241,46 @@ async fn a_pending_write_holds_the_rebuild_until_it_lands() {
     assert_eq!(guard.check("fast:write"), Verdict::MaybePresent);
 }
 
+/// A write begun while one rebuild ran went into that rebuild's filter (and
+/// so did not hold it), but its store write may land after the *next*
+/// rebuild's scan: the next rebuild must wait for it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_begun_during_one_rebuild_holds_the_next() {
+    let store = store_with(&keys(0, 100));
+    let source = ScriptedSource::pausing(source_of(&store), Duration::from_millis(300));
+    let guard = manual_guard(1_000, source);
+    guard.rebuild().await.unwrap();
+
+    let first = tokio::spawn({
+        let guard = guard.clone();
+        async move { guard.rebuild().await }
+    });
+    wait_until("the first rebuild to install its filter", || {
+        guard.stats().rebuilding
+    })
+    .await;
+    let pending = guard.begin_write("slow:write");
+    first.await.unwrap().unwrap();
+
+    let second = tokio::spawn({
+        let guard = guard.clone();
+        async move { guard.rebuild().await }
+    });
+    wait_until("the second rebuild to install its filter", || {
+        guard.stats().rebuilding
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(
+        !second.is_finished(),
+        "the second rebuild must not read the source while a write begun during the first is pending"
+    );
+    store.write().unwrap().insert(b"slow:write".to_vec());
+    drop(pending);
+    second.await.unwrap().unwrap();
+    assert_eq!(guard.check("slow:write"), Verdict::MaybePresent);
+}
+
 #[tokio::test]
 async fn a_failing_source_leaves_the_old_filter_serving() {
     let initial = keys(0, 20_000);

@@ -113,5 +113,7 @@ impl Generation {
 pub(crate) struct Shadow {
     /// Becomes the live generation when the rebuild commits.
     pub(crate) generation: Arc<Generation>,
-    pub(crate) writes: WriteTracker,
+    /// Shared with the pending writes that count on this filter, and kept
+    /// by the guard after this build ends (see `Guard::earlier_writes`).
+    pub(crate) writes: Arc<WriteTracker>,
 }

@@ -110,8 +110,11 @@ struct Inner {
     /// One rebuild at a time.
     rebuild_lock: tokio::sync::Mutex<()>,
     writes: WriteTracker,
-    /// Filters of abandoned rebuilds whose pending writes the next rebuild waits for.
-    abandoned: Mutex<Vec<Arc<live::Shadow>>>,
+    /// Pending-write counts of earlier rebuilds' filters (committed or
+    /// abandoned): writes that went into such a filter but not into the next
+    /// one, so the next rebuild waits for them. Only the counts are kept, so
+    /// no replaced filter stays in memory for them.
+    earlier_writes: Mutex<Vec<Arc<WriteTracker>>>,
     counters: StripedCounters<{ Counter::COUNT }>,
     history: Mutex<History>,
     /// Set by the staleness check: the filter missed writes.
@@ -338,10 +341,10 @@ impl Guard {
         let held = match &live.shadow {
             Some(shadow) => {
                 // The key is in the filter being built: that build does not
-                // need to wait, but if it is abandoned the next one must.
+                // need to wait, but the next one must.
                 let shadow_stripe = shadow.writes.enter();
                 self.inner.writes.exit(stripe);
-                HeldIn::Shadow(Arc::clone(shadow), shadow_stripe)
+                HeldIn::Shadow(Arc::clone(&shadow.writes), shadow_stripe)
             }
             None => HeldIn::Guard(stripe),
         };
@@ -805,7 +808,7 @@ impl GuardBuilder {
                 swap_lock: Mutex::new(()),
                 rebuild_lock: tokio::sync::Mutex::new(()),
                 writes: WriteTracker::new(),
-                abandoned: Mutex::new(Vec::new()),
+                earlier_writes: Mutex::new(Vec::new()),
                 counters: StripedCounters::new(),
                 history: Mutex::new(History::default()),
                 stale: AtomicBool::new(false),

@@ -18,7 +18,7 @@
 
 use std::fmt;
 use std::future::poll_fn;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
@@ -155,7 +155,7 @@ impl Guard {
                     capacity,
                     fp_rate,
                 )),
-                writes: WriteTracker::new(),
+                writes: Arc::new(WriteTracker::new()),
             });
             let installed = Installed::new(self, Arc::clone(&shadow));
             self.wait_for_earlier_writes().await;
@@ -204,22 +204,27 @@ impl Guard {
     async fn wait_for_earlier_writes(&self) {
         loop {
             // The guard's count first: a pending write moves from it to an
-            // abandoned shadow's count, never back.
+            // earlier shadow's count, never back.
             let guard_quiet = self.inner.writes.is_quiet();
-            let abandoned_quiet = {
-                let mut abandoned = self
-                    .inner
-                    .abandoned
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-                abandoned.retain(|shadow| !shadow.writes.is_quiet());
-                abandoned.is_empty()
+            let earlier_quiet = {
+                let mut earlier = self.earlier_writes();
+                earlier.retain(|writes| !writes.is_quiet());
+                earlier.is_empty()
             };
-            if guard_quiet && abandoned_quiet {
+            if guard_quiet && earlier_quiet {
                 return;
             }
             tokio::time::sleep(PENDING_WRITES_POLL).await;
         }
+    }
+
+    /// The pending-write counts of earlier rebuilds' filters, committed or
+    /// abandoned, that the next rebuild waits for.
+    fn earlier_writes(&self) -> MutexGuard<'_, Vec<Arc<WriteTracker>>> {
+        self.inner
+            .earlier_writes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn record_attempt(&self, report: RebuildReport, built: Option<&Built>) {
@@ -289,6 +294,12 @@ impl<'a> Installed<'a> {
             rebuilt.shadow = None;
             inner.live.store(Arc::new(rebuilt));
         }
+        // Writes that counted on this shadow while it was being built are
+        // in the live filter now, but not in the next rebuild's: that one
+        // must wait for them as well.
+        self.guard
+            .earlier_writes()
+            .push(Arc::clone(&self.shadow.writes));
         self.committed = true;
         let baseline = self.guard.baseline_now();
         self.guard.history().baseline = baseline;
@@ -323,11 +334,9 @@ impl Drop for Installed<'_> {
         }
         // Writes that counted on this shadow are now only in the live
         // filters: the next rebuild must wait for them.
-        inner
-            .abandoned
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(Arc::clone(&self.shadow));
+        self.guard
+            .earlier_writes()
+            .push(Arc::clone(&self.shadow.writes));
     }
 }
 

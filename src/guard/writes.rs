@@ -12,14 +12,14 @@
 //! waits until the count of the others is zero.
 //!
 //! A [`PendingWrite`] that saw the new filter moves its count to that
-//! filter's own tracker. If that build is abandoned, its tracker joins the
-//! ones the next rebuild waits for, since the key is then only in the old
-//! filter.
+//! filter's own tracker. When that build ends, its tracker joins the ones the
+//! next rebuild waits for: the key is in the new filter (or, if the build
+//! was abandoned, in the old one), but not in the filter the next rebuild
+//! installs, and its write may still land after that rebuild's scan.
 
 use std::sync::Arc;
 
 use super::Guard;
-use super::live::Shadow;
 
 use crate::stats::StripedCounter;
 use crate::sync::{Ordering, fence};
@@ -96,9 +96,9 @@ pub struct PendingWrite {
 pub(crate) enum HeldIn {
     /// No filter is being built: the next rebuild must wait for this write.
     Guard(usize),
-    /// The key is in the filter being built too. Should that build be
-    /// abandoned, the next one waits for this write (see `Shadow`).
-    Shadow(Arc<Shadow>, usize),
+    /// The key is in the filter being built too, so that build need not
+    /// wait; the next one does, through this count of that filter's.
+    Shadow(Arc<WriteTracker>, usize),
 }
 
 impl Drop for PendingWrite {
@@ -108,7 +108,7 @@ impl Drop for PendingWrite {
         }
         match &self.held {
             HeldIn::Guard(stripe) => self.guard.inner.writes.exit(*stripe),
-            HeldIn::Shadow(shadow, stripe) => shadow.writes.exit(*stripe),
+            HeldIn::Shadow(writes, stripe) => writes.exit(*stripe),
         }
     }
 }
@@ -133,7 +133,7 @@ impl std::fmt::Debug for PendingWrite {
 #[cfg(all(test, bloomguard_loom))]
 mod loom_tests {
     use loom::sync::Arc;
-    use loom::sync::atomic::AtomicBool;
+    use loom::sync::atomic::{AtomicBool, AtomicUsize};
 
     use super::*;
 
@@ -160,6 +160,48 @@ mod loom_tests {
             assert!(
                 saw_the_new_filter || !quiet,
                 "the rebuild saw no pending write, yet the insert went to the old filter only"
+            );
+        });
+    }
+
+    /// A write that counted on one rebuild's filter is not in the next
+    /// rebuild's: that one waits on the guard's count and then on the
+    /// earlier filter's (the order the move between them needs).
+    #[test]
+    fn the_next_rebuild_waits_for_writes_counted_on_the_last_one() {
+        loom::model(|| {
+            let guard_writes = Arc::new(WriteTracker::new());
+            let first_filter_writes = Arc::new(WriteTracker::new());
+            // 0: no filter being built, 1: the first, 2: the second.
+            let installed = Arc::new(AtomicUsize::new(0));
+            let writer = {
+                let (guard_writes, first_filter_writes, installed) = (
+                    Arc::clone(&guard_writes),
+                    Arc::clone(&first_filter_writes),
+                    Arc::clone(&installed),
+                );
+                loom::thread::spawn(move || {
+                    let stripe = guard_writes.enter();
+                    let saw = installed.load(Ordering::Relaxed);
+                    match saw {
+                        1 => {
+                            first_filter_writes.enter();
+                            guard_writes.exit(stripe);
+                        }
+                        2 => guard_writes.exit(stripe),
+                        _ => {}
+                    }
+                    // The store write is still pending: nothing else exits.
+                    saw
+                })
+            };
+            installed.store(1, Ordering::Relaxed);
+            installed.store(2, Ordering::Relaxed);
+            let quiet = guard_writes.is_quiet() && first_filter_writes.is_quiet();
+            let saw = writer.join().unwrap();
+            assert!(
+                saw == 2 || !quiet,
+                "the second rebuild saw no pending write, yet the key is not in its filter"
             );
         });
     }

@@ -34,8 +34,9 @@ pub(crate) struct Sample {
     pub(crate) estimated_fpr: f64,
     /// False positives ÷ negatives since the previous sample.
     pub(crate) observed_fpr: Option<f64>,
-    /// Share of checks since the previous sample that went to the store.
-    pub(crate) pass_through: f64,
+    /// Share of checks since the previous sample that went to the store
+    /// (none if there were no checks).
+    pub(crate) pass_through: Option<f64>,
     pub(crate) estimated_drift: f64,
 }
 
@@ -348,7 +349,7 @@ fn sample_between(before: &GuardStats, now: &GuardStats, at: f64) -> Sample {
         fill_ratio: now.fill_ratio,
         estimated_fpr: now.estimated_fpr,
         observed_fpr: (negatives >= 1_000).then(|| false_positives as f64 / negatives as f64),
-        pass_through: passed as f64 / (absent + passed).max(1) as f64,
+        pass_through: (absent + passed > 0).then(|| passed as f64 / (absent + passed) as f64),
         estimated_drift: now.estimated_drift,
     }
 }

@@ -182,29 +182,19 @@ pub(crate) fn draw_chart(
     let root = SVGBackend::new(path, (1000, 720)).into_drawing_area();
     root.fill(&WHITE)?;
     let (upper, lower) = root.split_vertically(360);
-    let end = phase.elapsed.as_secs_f64();
     let samples = &phase.timeline;
 
-    let upper_limit = samples
+    let highest_ratio = samples
         .iter()
-        .map(|s| s.fill_ratio.max(s.pass_through))
-        .fold(0.1, f64::max)
-        .mul_add(1.25, 0.0)
-        .min(1.0);
-    let mut chart = ChartBuilder::on(&upper)
-        .caption(
-            "bloomguard seen-items gate: fill and pass-through",
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(32)
-        .y_label_area_size(48)
-        .build_cartesian_2d(0.0..end, 0.0..upper_limit)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds")
-        .y_desc("ratio")
-        .draw()?;
+        .map(|s| s.fill_ratio.max(s.pass_through.unwrap_or(0.0)))
+        .fold(0.1, f64::max);
+    let mut chart = Panel {
+        caption: "bloomguard seen-items gate: fill and pass-through",
+        y_desc: "ratio",
+        end: phase.elapsed.as_secs_f64(),
+        top: (highest_ratio * 1.25).min(1.0),
+    }
+    .draw_on(&upper)?;
     draw_line(
         &mut chart,
         samples,
@@ -215,38 +205,23 @@ pub(crate) fn draw_chart(
     draw_line(
         &mut chart,
         samples,
-        |s| Some(s.pass_through),
+        |s| s.pass_through,
         GREEN,
         "pass-through to the store",
     )?;
-    mark_events(&mut chart, &phase.events, 0.0, upper_limit)?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()?;
+    finish(&mut chart, &phase.events)?;
 
-    let highest = samples
+    let highest_fpr = samples
         .iter()
         .flat_map(|s| [s.estimated_fpr, s.observed_fpr.unwrap_or(0.0)])
-        .fold(target_fpr, f64::max)
-        * 100.0
-        * 1.25;
-    let mut chart = ChartBuilder::on(&lower)
-        .caption(
-            "false-positive rate: estimated from fill, observed from the store",
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(32)
-        .y_label_area_size(48)
-        .build_cartesian_2d(0.0..end, 0.0..highest)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds")
-        .y_desc("%")
-        .draw()?;
+        .fold(target_fpr, f64::max);
+    let mut chart = Panel {
+        caption: "false-positive rate: estimated from fill, observed from the store",
+        y_desc: "%",
+        end: phase.elapsed.as_secs_f64(),
+        top: highest_fpr * 100.0 * 1.25,
+    }
+    .draw_on(&lower)?;
     draw_line(
         &mut chart,
         samples,
@@ -261,6 +236,7 @@ pub(crate) fn draw_chart(
         MAGENTA,
         "observed FPR",
     )?;
+    let end = phase.elapsed.as_secs_f64();
     chart
         .draw_series(LineSeries::new(
             [(0.0, 100.0 * target_fpr), (end, 100.0 * target_fpr)],
@@ -268,13 +244,7 @@ pub(crate) fn draw_chart(
         ))?
         .label("target")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK));
-    mark_events(&mut chart, &phase.events, 0.0, highest)?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()?;
+    finish(&mut chart, &phase.events)?;
     root.present()?;
     Ok(())
 }
@@ -284,6 +254,64 @@ type Chart<'a, 'b> = ChartContext<
     SVGBackend<'b>,
     Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
 >;
+
+/// One of the picture's two panels: seconds across, `y_desc` up to `top`.
+struct Panel {
+    caption: &'static str,
+    y_desc: &'static str,
+    end: f64,
+    top: f64,
+}
+
+impl Panel {
+    fn draw_on<'a, 'b>(
+        &self,
+        area: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    ) -> Result<Chart<'a, 'b>, Box<dyn std::error::Error>> {
+        let mut chart = ChartBuilder::on(area)
+            .caption(self.caption, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(32)
+            .y_label_area_size(48)
+            .build_cartesian_2d(0.0..self.end, 0.0..self.top)?;
+        chart
+            .configure_mesh()
+            .x_desc("seconds")
+            .y_desc(self.y_desc)
+            .draw()?;
+        Ok(chart)
+    }
+}
+
+/// Marks the rebuilds and rotations across the panel, and draws its legend.
+fn finish<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    events: &[Event],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let top = chart.y_range().end;
+    for rebuild in [true, false] {
+        let color = if rebuild { RED } else { RGBColor(255, 140, 0) };
+        let lines: Vec<_> = events
+            .iter()
+            .filter(|event| event.rebuild == rebuild)
+            .map(|event| PathElement::new([(event.at, 0.0), (event.at, top)], color))
+            .collect();
+        if lines.is_empty() {
+            continue;
+        }
+        chart
+            .draw_series(lines)?
+            .label(if rebuild { "rebuild" } else { "rotation" })
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()?;
+    Ok(())
+}
 
 fn draw_line(
     chart: &mut Chart<'_, '_>,
@@ -297,29 +325,5 @@ fn draw_line(
         .draw_series(LineSeries::new(points, color.stroke_width(2)))?
         .label(label)
         .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
-    Ok(())
-}
-
-fn mark_events(
-    chart: &mut Chart<'_, '_>,
-    events: &[Event],
-    low: f64,
-    high: f64,
-) -> Result<(), Box<dyn std::error::Error>> {
-    for rebuild in [true, false] {
-        let color = if rebuild { RED } else { RGBColor(255, 140, 0) };
-        let lines: Vec<_> = events
-            .iter()
-            .filter(|event| event.rebuild == rebuild)
-            .map(|event| PathElement::new([(event.at, low), (event.at, high)], color))
-            .collect();
-        if lines.is_empty() {
-            continue;
-        }
-        chart
-            .draw_series(lines)?
-            .label(if rebuild { "rebuild" } else { "rotation" })
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color));
-    }
     Ok(())
 }

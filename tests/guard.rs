@@ -12,7 +12,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bloomguard::source::{self, KeyBatch, KeySource, KeyStream, SourceError};
-use bloomguard::{ConfigError, Guard, Lifecycle, Rebuild, RebuildError, RebuildOutcome, Verdict};
+use bloomguard::{
+    AtomicBloom, ConfigError, Guard, Lifecycle, Rebuild, RebuildError, RebuildOutcome, Verdict,
+};
 use common::{absent_keys, keys, three_sigma_limit};
 use futures_core::Stream;
 
@@ -279,6 +281,50 @@ async fn a_write_begun_during_one_rebuild_holds_the_next() {
     drop(pending);
     second.await.unwrap().unwrap();
     assert_eq!(guard.check("slow:write"), Verdict::MaybePresent);
+}
+
+/// A fleet snapshot merged while a rebuild runs may hold keys whose store
+/// writes land after the scan; a rebuilt filter of another size cannot take
+/// the merge, so the rebuild must fail rather than swap those keys away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_merged_during_a_rebuild_is_not_swapped_away() {
+    let store = store_with(&keys(0, 5_000));
+    let source = ScriptedSource::pausing(source_of(&store), Duration::from_millis(300));
+    let guard = manual_guard(1_000, source);
+    guard.rebuild().await.unwrap();
+    // Three times the keys: the next rebuild sizes a larger filter.
+    for key in keys(5_000, 10_000) {
+        guard.insert(&key);
+        store.write().unwrap().insert(key.into_bytes());
+    }
+    let newest = guard.live_filters().newest().unwrap().to_bytes();
+    let snapshot = AtomicBloom::from_bytes(&newest).unwrap();
+    snapshot.insert("only:in:the:snapshot");
+
+    let rebuilding = tokio::spawn({
+        let guard = guard.clone();
+        async move { guard.rebuild().await }
+    });
+    wait_until("the rebuild to install its filter", || {
+        guard.stats().rebuilding
+    })
+    .await;
+    guard.merge_filter(snapshot).unwrap();
+    let error = rebuilding.await.unwrap().unwrap_err();
+    assert!(
+        matches!(error, RebuildError::MergedDuringRebuild),
+        "{error}"
+    );
+    assert_eq!(guard.stats().rebuilds.failed, 1);
+    assert_eq!(guard.check("only:in:the:snapshot"), Verdict::MaybePresent);
+
+    // Once the store has the key, a rebuild reads it.
+    store
+        .write()
+        .unwrap()
+        .insert(b"only:in:the:snapshot".to_vec());
+    guard.rebuild().await.unwrap();
+    assert_eq!(guard.check("only:in:the:snapshot"), Verdict::MaybePresent);
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! The filters a guard answers from, swapped as one value.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use tokio::time::Instant;
 
@@ -116,4 +117,7 @@ pub(crate) struct Shadow {
     /// Shared with the pending writes that count on this filter, and kept
     /// by the guard after this build ends (see `Guard::earlier_writes`).
     pub(crate) writes: Arc<WriteTracker>,
+    /// Set when a filter merged into the live set could not be merged into
+    /// this one: committing it would lose that filter's keys.
+    pub(crate) missed_a_merge: AtomicBool,
 }

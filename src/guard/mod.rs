@@ -264,7 +264,11 @@ impl Guard {
 
     /// Merges a filter built elsewhere (a fleet snapshot) into this guard:
     /// ORed into the newest live filter, or, while warming, installed as the
-    /// first one. Either way no key already in the guard is lost.
+    /// first one. Either way no key already in the guard is lost. During a
+    /// rebuild it is ORed into the new filter too; if that one has another
+    /// size, the rebuild fails with
+    /// [`RebuildError::MergedDuringRebuild`](crate::RebuildError::MergedDuringRebuild)
+    /// rather than swap the merged keys away.
     ///
     /// # Errors
     /// [`IncompatibleFilters`] unless the filter has the newest filter's bits,
@@ -273,19 +277,28 @@ impl Guard {
         let _swap = self.lock_swaps();
         let live = self.inner.live.load();
         match live.newest() {
-            Some(newest) => newest.filter.union(&filter),
+            Some(newest) => newest.filter.union(&filter)?,
             None if filter.seed() != self.inner.seed => {
-                Err(IncompatibleFilters { parameter: "seed" })
+                return Err(IncompatibleFilters { parameter: "seed" });
             }
-            None => {
-                let capacity = filter.stats().capacity.unwrap_or(self.inner.expected_items);
-                let generation = Generation::new(filter, capacity, self.first_filter_rate());
-                self.inner
-                    .live
-                    .store(Arc::new(live.replaced(vec![Arc::new(generation)])));
-                Ok(())
-            }
+            None => {}
         }
+        if let Some(shadow) = &live.shadow
+            && shadow.generation.filter.union(&filter).is_err()
+        {
+            // Checked by the rebuild's commit, under this same lock.
+            shadow
+                .missed_a_merge
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        if live.newest().is_none() {
+            let capacity = filter.stats().capacity.unwrap_or(self.inner.expected_items);
+            let generation = Generation::new(filter, capacity, self.first_filter_rate());
+            self.inner
+                .live
+                .store(Arc::new(live.replaced(vec![Arc::new(generation)])));
+        }
+        Ok(())
     }
 
     /// The filters live now, oldest first (none while warming). The value

@@ -18,6 +18,7 @@
 
 use std::fmt;
 use std::future::poll_fn;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -81,6 +82,11 @@ pub enum RebuildError {
     TimedOut(Duration),
     /// The new filter could not be sized (over the memory budget).
     Config(ConfigError),
+    /// A filter was merged into the guard ([`Guard::merge_filter`]) while
+    /// this rebuild ran, and could not be merged into the new filter too
+    /// (another size): swapping would lose its keys. A later rebuild (the
+    /// maintenance task retries) reads them from the store.
+    MergedDuringRebuild,
 }
 
 impl fmt::Display for RebuildError {
@@ -90,6 +96,9 @@ impl fmt::Display for RebuildError {
             Self::Source(error) => write!(f, "rebuild failed: {error}"),
             Self::TimedOut(timeout) => write!(f, "rebuild timed out after {timeout:?}"),
             Self::Config(error) => write!(f, "rebuild cannot size the new filter: {error}"),
+            Self::MergedDuringRebuild => f.write_str(
+                "a filter was merged into the guard during the rebuild; the rebuilt filter would lose its keys",
+            ),
         }
     }
 }
@@ -99,7 +108,7 @@ impl std::error::Error for RebuildError {
         match self {
             Self::Source(error) => Some(error),
             Self::Config(error) => Some(error),
-            Self::NoSource | Self::TimedOut(_) => None,
+            Self::NoSource | Self::TimedOut(_) | Self::MergedDuringRebuild => None,
         }
     }
 }
@@ -156,13 +165,14 @@ impl Guard {
                     fp_rate,
                 )),
                 writes: Arc::new(WriteTracker::new()),
+                missed_a_merge: AtomicBool::new(false),
             });
             let installed = Installed::new(self, Arc::clone(&shadow));
             self.wait_for_earlier_writes().await;
             tokio::time::sleep(self.inner.rebuild.write_settle).await;
             let keys = stream_into(&shadow.generation.filter, source).await?;
             if keys <= capacity || pass == MAX_PASSES {
-                installed.commit(keys);
+                installed.commit(keys)?;
                 return Ok(Built {
                     keys,
                     passes: pass,
@@ -284,11 +294,16 @@ impl<'a> Installed<'a> {
         }
     }
 
-    /// Makes the shadow the only live filter.
-    fn commit(mut self, keys: u64) {
+    /// Makes the shadow the only live filter, unless a merge it missed
+    /// would be lost by that (then it is abandoned).
+    fn commit(mut self, keys: u64) -> Result<(), RebuildError> {
         let inner = &self.guard.inner;
         {
+            // Under the swap lock, which `merge_filter` takes as well.
             let _swap = self.guard.lock_swaps();
+            if self.shadow.missed_a_merge.load(Ordering::Relaxed) {
+                return Err(RebuildError::MergedDuringRebuild);
+            }
             let live = inner.live.load();
             let mut rebuilt = live.replaced(vec![Arc::clone(&self.shadow.generation)]);
             rebuilt.shadow = None;
@@ -312,6 +327,7 @@ impl<'a> Installed<'a> {
             capacity = self.shadow.generation.capacity,
             "rebuilt filter is live"
         );
+        Ok(())
     }
 }
 

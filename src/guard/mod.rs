@@ -267,7 +267,7 @@ impl Guard {
     /// first one. Either way no key already in the guard is lost. During a
     /// rebuild it is ORed into the new filter too; if that one has another
     /// size, the rebuild fails with
-    /// [`RebuildError::MergedDuringRebuild`](crate::RebuildError::MergedDuringRebuild)
+    /// [`RebuildError::MergedDuringRebuild`]
     /// rather than swap the merged keys away.
     ///
     /// # Errors

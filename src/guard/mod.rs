@@ -266,8 +266,7 @@ impl Guard {
     /// ORed into the newest live filter, or, while warming, installed as the
     /// first one. Either way no key already in the guard is lost. During a
     /// rebuild it is ORed into the new filter too; if that one has another
-    /// size, the rebuild fails with
-    /// [`RebuildError::MergedDuringRebuild`]
+    /// size, the rebuild fails with [`RebuildError::MergedDuringRebuild`]
     /// rather than swap the merged keys away.
     ///
     /// # Errors

@@ -207,13 +207,11 @@ async fn no_false_negatives_across_rebuilds_with_concurrent_writers() {
     assert_all_present(&guard, &written, "after a final rebuild");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pending_write_holds_the_rebuild_until_it_lands() {
-    let store = store_with(&[]);
-    let guard = manual_guard(1_000, source_of(&store));
-    guard.rebuild().await.unwrap();
-
-    let pending = guard.begin_write("slow:write");
+/// Starts a rebuild on its own task and returns once it has installed the
+/// filter it builds (before it reads the source).
+async fn rebuild_in_background(
+    guard: &Guard,
+) -> tokio::task::JoinHandle<Result<bloomguard::RebuildReport, RebuildError>> {
     let rebuilding = tokio::spawn({
         let guard = guard.clone();
         async move { guard.rebuild().await }
@@ -222,6 +220,17 @@ async fn a_pending_write_holds_the_rebuild_until_it_lands() {
         guard.stats().rebuilding
     })
     .await;
+    rebuilding
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_write_holds_the_rebuild_until_it_lands() {
+    let store = store_with(&[]);
+    let guard = manual_guard(1_000, source_of(&store));
+    guard.rebuild().await.unwrap();
+
+    let pending = guard.begin_write("slow:write");
+    let rebuilding = rebuild_in_background(&guard).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(
         !rebuilding.is_finished(),
@@ -253,25 +262,11 @@ async fn a_write_begun_during_one_rebuild_holds_the_next() {
     let guard = manual_guard(1_000, source);
     guard.rebuild().await.unwrap();
 
-    let first = tokio::spawn({
-        let guard = guard.clone();
-        async move { guard.rebuild().await }
-    });
-    wait_until("the first rebuild to install its filter", || {
-        guard.stats().rebuilding
-    })
-    .await;
+    let first = rebuild_in_background(&guard).await;
     let pending = guard.begin_write("slow:write");
     first.await.unwrap().unwrap();
 
-    let second = tokio::spawn({
-        let guard = guard.clone();
-        async move { guard.rebuild().await }
-    });
-    wait_until("the second rebuild to install its filter", || {
-        guard.stats().rebuilding
-    })
-    .await;
+    let second = rebuild_in_background(&guard).await;
     tokio::time::sleep(Duration::from_millis(900)).await;
     assert!(
         !second.is_finished(),
@@ -301,14 +296,7 @@ async fn a_filter_merged_during_a_rebuild_is_not_swapped_away() {
     let snapshot = AtomicBloom::from_bytes(&newest).unwrap();
     snapshot.insert("only:in:the:snapshot");
 
-    let rebuilding = tokio::spawn({
-        let guard = guard.clone();
-        async move { guard.rebuild().await }
-    });
-    wait_until("the rebuild to install its filter", || {
-        guard.stats().rebuilding
-    })
-    .await;
+    let rebuilding = rebuild_in_background(&guard).await;
     guard.merge_filter(snapshot).unwrap();
     let error = rebuilding.await.unwrap().unwrap_err();
     assert!(

@@ -165,28 +165,13 @@ where
     /// The loader's error, shared with every caller that waited on the same
     /// backend call.
     pub async fn get(&self, key: K) -> Loaded<L::Value, L::Error> {
-        let guard = &self.inner.guard;
-        let verdict = guard.check(key.as_ref());
-        if verdict == Verdict::Absent {
-            return Ok(None);
-        }
-        let confirmed = guard.confirmed_absent();
-        if verdict == Verdict::MaybePresent
-            && let Some(confirmed) = confirmed
-            && confirmed.is_absent(key.as_ref())
-        {
-            guard.count_confirmed_absent_hit();
+        let verdict = self.inner.guard.check(key.as_ref());
+        if self.is_ruled_out(&key, verdict) {
             return Ok(None);
         }
         let (result, asked_at) = self.load_once(&key).await;
         if let Ok(found) = &result {
-            guard.count_outcome(verdict, found.is_some());
-            if found.is_none()
-                && verdict == Verdict::MaybePresent
-                && let Some(confirmed) = confirmed
-            {
-                confirmed.remember(key.as_ref(), asked_at);
-            }
+            self.record_answer(&key, verdict, found.is_some(), asked_at);
         }
         result
     }
@@ -217,26 +202,11 @@ where
     /// # Errors
     /// The loader's error: the whole batch fails, and nothing is counted.
     pub async fn get_many(&self, keys: &[K]) -> Result<Vec<Option<L::Value>>, Arc<L::Error>> {
-        let guard = &self.inner.guard;
         let mut verdicts = vec![Verdict::Warming; keys.len()];
-        guard.check_many(keys, &mut verdicts);
-        let confirmed = guard.confirmed_absent();
-        let mut asked = Vec::new();
-        for (index, (key, verdict)) in keys.iter().zip(&verdicts).enumerate() {
-            let ruled_out = match verdict {
-                Verdict::Absent => true,
-                Verdict::MaybePresent => {
-                    confirmed.is_some_and(|confirmed| confirmed.is_absent(key.as_ref()))
-                }
-                Verdict::Warming => false,
-            };
-            if ruled_out && *verdict == Verdict::MaybePresent {
-                guard.count_confirmed_absent_hit();
-            }
-            if !ruled_out {
-                asked.push(index);
-            }
-        }
+        self.inner.guard.check_many(keys, &mut verdicts);
+        let asked: Vec<usize> = (0..keys.len())
+            .filter(|&index| !self.is_ruled_out(&keys[index], verdicts[index]))
+            .collect();
         let mut values: Vec<Option<L::Value>> = vec![None; keys.len()];
         if asked.is_empty() {
             return Ok(values);
@@ -249,17 +219,43 @@ where
             .await
             .map_err(Arc::new)?;
         for (&index, value) in asked.iter().zip(loaded) {
-            let verdict = verdicts[index];
-            guard.count_outcome(verdict, value.is_some());
-            if value.is_none()
-                && verdict == Verdict::MaybePresent
-                && let Some(confirmed) = confirmed
-            {
-                confirmed.remember(keys[index].as_ref(), asked_at);
-            }
+            self.record_answer(&keys[index], verdicts[index], value.is_some(), asked_at);
             values[index] = value;
         }
         Ok(values)
+    }
+
+    /// Whether `key` is answered absent without the backend: the filter
+    /// ruled it out, or the backend confirmed it absent after a false
+    /// positive (counted as a hit of that cache).
+    fn is_ruled_out(&self, key: &K, verdict: Verdict) -> bool {
+        let guard = &self.inner.guard;
+        match verdict {
+            Verdict::Absent => true,
+            Verdict::MaybePresent => {
+                let confirmed = guard
+                    .confirmed_absent()
+                    .is_some_and(|confirmed| confirmed.is_absent(key.as_ref()));
+                if confirmed {
+                    guard.count_confirmed_absent_hit();
+                }
+                confirmed
+            }
+            Verdict::Warming => false,
+        }
+    }
+
+    /// Counts the backend's answer for `key` (asked at `asked_at`) and
+    /// remembers a confirmed false positive.
+    fn record_answer(&self, key: &K, verdict: Verdict, found: bool, asked_at: Instant) {
+        let guard = &self.inner.guard;
+        guard.count_outcome(verdict, found);
+        if !found
+            && verdict == Verdict::MaybePresent
+            && let Some(confirmed) = guard.confirmed_absent()
+        {
+            confirmed.remember(key.as_ref(), asked_at);
+        }
     }
 
     /// The guard in front of the loader.

@@ -103,6 +103,13 @@ struct Run {
     tally: Tally,
 }
 
+impl Run {
+    /// The guard in front of the store, in a guarded phase.
+    fn guard(&self) -> Option<&Guard> {
+        self.gate.as_ref().map(GuardedLoader::guard)
+    }
+}
+
 /// Runs one phase: `pacing.concurrency` workers on the current runtime
 /// (one thread), each issuing requests until the deadline.
 pub(crate) async fn run(
@@ -124,12 +131,12 @@ pub(crate) async fn run(
         tally: Tally::default(),
     });
     let (seen, to_write) = mpsc::channel(WRITE_QUEUE);
-    let writer = tokio::spawn(write_seen(Arc::clone(&run), guard.cloned(), to_write));
+    let writer = tokio::spawn(write_seen(Arc::clone(&run), to_write));
     let workers: Vec<_> = (0..pacing.concurrency)
         .map(|id| tokio::spawn(worker(Arc::clone(&run), id, seed, seen.clone())))
         .collect();
     drop(seen);
-    let observing = tokio::spawn(observe(Arc::clone(&run), guard.cloned()));
+    let observing = tokio::spawn(observe(Arc::clone(&run)));
     let mut latencies = Vec::new();
     for worker in workers {
         latencies.extend(worker.await.map_err(|error| error.to_string())??);
@@ -256,11 +263,7 @@ const WRITE_BATCH: usize = 512;
 /// Writes what users saw, batched as an impression log would be: guard first,
 /// then the store (the ordering rule), and the pending writes hold a
 /// rebuild's scan until the store has them. Ends when every worker has.
-async fn write_seen(
-    run: Arc<Run>,
-    guard: Option<Guard>,
-    mut seen: mpsc::Receiver<Vec<u64>>,
-) -> Result<(), String> {
+async fn write_seen(run: Arc<Run>, mut seen: mpsc::Receiver<Vec<u64>>) -> Result<(), String> {
     let mut batch = Vec::with_capacity(WRITE_BATCH);
     while let Some(pairs) = seen.recv().await {
         batch.extend(pairs);
@@ -270,8 +273,9 @@ async fn write_seen(
         }
         let keys: Vec<String> = batch.iter().map(|&pair| seen_key(pair)).collect();
         let written_at = Instant::now();
-        let pending: Vec<_> = guard
-            .iter()
+        let pending: Vec<_> = run
+            .guard()
+            .into_iter()
             .flat_map(|guard| keys.iter().map(|key| guard.begin_write(key)))
             .collect();
         run.store.write(&keys).await?;
@@ -288,7 +292,8 @@ async fn write_seen(
 }
 
 /// Samples the guard and draws the progress bar until the deadline.
-async fn observe(run: Arc<Run>, guard: Option<Guard>) -> (Vec<Sample>, Vec<Event>) {
+async fn observe(run: Arc<Run>) -> (Vec<Sample>, Vec<Event>) {
+    let guard = run.guard();
     let pacing = &run.pacing;
     let every = (pacing.duration / 200).max(Duration::from_millis(20));
     let progress = if pacing.show_progress {
@@ -307,14 +312,14 @@ async fn observe(run: Arc<Run>, guard: Option<Guard>) -> (Vec<Sample>, Vec<Event
         "no guard"
     });
     let (mut timeline, mut events) = (Vec::new(), Vec::new());
-    let mut previous = guard.as_ref().map(Guard::stats);
+    let mut previous = guard.map(Guard::stats);
     let mut ticks = tokio::time::interval(every);
     while Instant::now() < run.deadline {
         ticks.tick().await;
         let at = run.started.elapsed().as_secs_f64();
         let requests = run.tally.requests.load(Ordering::Relaxed);
         let mut message = format!("{:>8.0} req/s", requests as f64 / at.max(1e-9));
-        if let (Some(guard), Some(before)) = (&guard, &mut previous) {
+        if let (Some(guard), Some(before)) = (guard, &mut previous) {
             let now = guard.stats();
             let sample = sample_between(before, &now, at);
             if now.generation != before.generation {

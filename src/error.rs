@@ -165,3 +165,25 @@ impl fmt::Display for IncompatibleFilters {
 }
 
 impl std::error::Error for IncompatibleFilters {}
+
+/// A guard that was still warming (its first build not complete) when a
+/// bounded wait for it ran out, from [`Guard::ready_within`](crate::Guard::ready_within).
+/// The guard keeps failing open (answering `Warming`) meanwhile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StillWarming {
+    pub(crate) guard: String,
+    pub(crate) waited: std::time::Duration,
+}
+
+impl fmt::Display for StillWarming {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "guard {:?} is still warming after {:?}: its first build has not completed \
+             (is its maintenance task running, and its source reachable?)",
+            self.guard, self.waited
+        )
+    }
+}
+
+impl std::error::Error for StillWarming {}

@@ -16,7 +16,7 @@ mod stats;
 mod sync;
 mod task;
 
-pub use error::{ConfigError, DecodeError, IncompatibleFilters};
+pub use error::{ConfigError, DecodeError, IncompatibleFilters, StillWarming};
 pub use filter::{AtomicBloom, FORMAT_VERSION, FilterBuilder, FilterStats, Plan, plan};
 pub use guard::source::{self, KeySource, SourceError};
 pub use guard::{

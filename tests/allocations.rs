@@ -1,8 +1,8 @@
 //! The `Absent` path of `GuardService` allocates nothing: a counting global
 //! allocator watches the calls.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod common;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::pin;
@@ -12,39 +12,13 @@ use bloomguard::{Guard, GuardLayer};
 use http::{Request, Response, StatusCode, Uri};
 use tower::{Layer, Service, service_fn};
 
-struct Counting;
-
-thread_local! {
-    /// Allocations made by this thread while counting is on.
-    static COUNTED: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; the only
-// addition is a thread-local counter, which does not allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = COUNTED.try_with(|count| {
-            if let Some(n) = count.get() {
-                count.set(Some(n + 1));
-            }
-        });
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use common::alloc_meter::{AllocMeter, measure};
 
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: AllocMeter = AllocMeter;
 
 fn allocations_in(body: impl FnOnce()) -> usize {
-    COUNTED.with(|count| count.set(Some(0)));
-    body();
-    COUNTED.with(|count| count.take().expect("counting was on"))
+    measure(body).1.allocations
 }
 
 /// Polls a future that is ready at once, without a runtime.

@@ -882,3 +882,294 @@ async fn failed_builds_are_retried_with_backoff_until_one_succeeds() {
     // Backoff doubles 20 → 40 → 80 ms: far fewer attempts than 5 ms ticks.
     assert!(stats.rebuilds.failed < 40, "{:?}", stats.rebuilds);
 }
+
+/// A filter shaped like a default guard's (10,000 items at 1 %) with `seed`,
+/// holding `keys`: what a fleet snapshot brings.
+fn snapshot_holding(seed: u64, keys: &[&str]) -> AtomicBloom {
+    let filter = AtomicBloom::with_seed(10_000, 0.01, seed).unwrap();
+    for key in keys {
+        filter.insert(key);
+    }
+    filter
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_into_a_warming_guard_keeps_it_warming_until_its_first_build() {
+    let stored = keys(0, 2_000);
+    let store = store_with(&stored);
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .seed(7)
+        .source(source_of(&store))
+        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
+        .build()
+        .unwrap();
+    guard
+        .merge_filter(snapshot_holding(7, &["fleet:only"]))
+        .unwrap();
+    assert!(
+        guard.is_warming(),
+        "a merge is no complete pass over the source"
+    );
+    for key in &stored {
+        assert_eq!(
+            guard.check(key),
+            Verdict::Warming,
+            "{key} before the first build"
+        );
+    }
+
+    let maintenance = guard.spawn_maintenance();
+    tokio::time::timeout(Duration::from_secs(30), guard.ready())
+        .await
+        .expect("the first build still runs after a merge");
+    assert_all_present(&guard, &stored, "after the first build");
+    assert_eq!(guard.stats().rebuilds.succeeded, 1);
+    maintenance.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_after_a_failed_first_build_keeps_the_guard_warming_and_retrying() {
+    let stored = keys(0, 2_000);
+    let store = store_with(&stored);
+    let source = Arc::new(ScriptedSource::new(source_of(&store)));
+    source.fail_after_batches.store(0, Ordering::SeqCst);
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .seed(7)
+        .source(Arc::clone(&source))
+        .rebuild(
+            Rebuild::manual()
+                .write_settle(Duration::ZERO)
+                .retry_backoff(Duration::from_millis(10), Duration::from_millis(20)),
+        )
+        .maintenance_interval(Duration::from_millis(5))
+        .build()
+        .unwrap();
+    let maintenance = guard.spawn_maintenance();
+    wait_until("a failed first build", || {
+        guard.stats().rebuilds.failed >= 1
+    })
+    .await;
+    guard
+        .merge_filter(snapshot_holding(7, &["fleet:only"]))
+        .unwrap();
+    let failed_at_merge = guard.stats().rebuilds.failed;
+    wait_until("more retries after the merge", || {
+        guard.stats().rebuilds.failed >= failed_at_merge + 2
+    })
+    .await;
+    assert!(guard.is_warming());
+    assert_eq!(guard.check(&stored[0]), Verdict::Warming);
+
+    source.fail_after_batches.store(NEVER, Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(30), guard.ready())
+        .await
+        .expect("the retried first build");
+    assert_all_present(&guard, &stored, "after the retried first build");
+    maintenance.shutdown().await;
+}
+
+#[tokio::test]
+async fn ready_with_a_timeout_says_when_the_guard_is_still_warming() {
+    let store = store_with(&keys(0, 10));
+    let guard = manual_guard(1_000, source_of(&store));
+    let err = guard
+        .ready_within(Duration::from_millis(20))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("warming"), "{err}");
+    guard.rebuild().await.unwrap();
+    guard.ready_within(Duration::from_millis(20)).await.unwrap();
+    // A guard without a source is ready from the start.
+    Guard::builder().build().unwrap().ready().await;
+}
+
+#[test]
+fn a_saturated_filter_reads_finite_monotone_estimates() {
+    // Every k, a tiny filter filled one key at a time until every bit is set.
+    for k in 1..=bloomguard::filter::MAX_HASHES {
+        let filter = AtomicBloom::with_params(2_048, k).unwrap();
+        let mut last = filter.stats();
+        let mut n = 0u64;
+        while last.set_bits < filter.bits() {
+            filter.insert(n.to_le_bytes());
+            n += 1;
+            let now = filter.stats();
+            for (what, value) in [
+                ("estimated_fpr", now.estimated_fpr),
+                ("estimated_items", now.estimated_items),
+            ] {
+                assert!(
+                    value.is_finite(),
+                    "k = {k}, fill {}: {what} {value}",
+                    now.fill_ratio
+                );
+            }
+            // Monotone up to the model's rounding floor: its alternating sum
+            // loses ~1e-16 × C(k, k/2), under 1e-9 for the k a plan picks
+            // (≤ 24) and under 1e-6 for the largest explicit k.
+            let rounding = if k <= 24 { 1e-9 } else { 1e-6 };
+            assert!(
+                now.estimated_fpr >= last.estimated_fpr - rounding,
+                "k = {k}: {last:?} → {now:?}"
+            );
+            assert!(
+                now.estimated_items >= last.estimated_items,
+                "k = {k}: {last:?} → {now:?}"
+            );
+            assert!(now.estimated_fpr <= 1.0);
+            last = now;
+        }
+        assert_eq!(last.fill_ratio, 1.0);
+        assert_eq!(
+            last.estimated_fpr, 1.0,
+            "k = {k}: a full filter passes every key"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_guard_reports_its_drift_and_rebuilds() {
+    let initial = keys(0, 1_000);
+    let store = store_with(&initial);
+    let guard = Guard::builder()
+        .expected_items(1_000)
+        .source(source_of(&store))
+        .rebuild(Rebuild::when_drift_exceeds(2.0).write_settle(Duration::ZERO))
+        .maintenance_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    guard.rebuild().await.unwrap();
+    let overfill = keys(1_000, 100_000);
+    for key in &overfill {
+        guard.insert(key);
+        store.write().unwrap().insert(key.as_bytes().to_vec());
+    }
+    let stats = guard.stats();
+    assert_eq!(stats.fill_ratio, 1.0, "{stats:?}");
+    assert!(
+        stats.estimated_drift.is_finite() && stats.estimated_drift > 2.0,
+        "{stats:?}"
+    );
+    assert!(stats.estimated_items.is_finite(), "{stats:?}");
+
+    let maintenance = guard.spawn_maintenance();
+    wait_until("a drift rebuild of the saturated filter", || {
+        guard.stats().rebuilds.succeeded >= 2
+    })
+    .await;
+    let stats = guard.stats();
+    assert!(stats.estimated_drift < 1.0, "after the rebuild: {stats:?}");
+    assert_all_present(&guard, &overfill, "after the rebuild");
+    maintenance.shutdown().await;
+}
+
+#[test]
+fn a_drift_threshold_the_rate_can_never_reach_is_refused() {
+    // At 1 % the estimated FPR can reach 100×, never more.
+    let err = Guard::builder()
+        .false_positive_rate(0.01)
+        .rebuild(Rebuild::when_drift_exceeds(150.0))
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("drift threshold"), "{err}");
+}
+
+#[test]
+fn durations_that_would_overflow_an_instant_are_refused_by_name() {
+    let named = |result: Result<Guard, ConfigError>| match result {
+        Err(ConfigError::OutOfRange { parameter, .. }) => parameter,
+        other => panic!("expected OutOfRange, got {other:?}"),
+    };
+    let huge = Duration::MAX;
+    let store = store_with(&[]);
+    let with_source = || Guard::builder().source(source_of(&store));
+    assert_eq!(
+        named(Guard::builder().maintenance_interval(huge).build()),
+        "maintenance_interval"
+    );
+    assert_eq!(
+        named(
+            Guard::builder()
+                .lifecycle(Lifecycle::rotate(4, huge))
+                .build()
+        ),
+        "period"
+    );
+    assert_eq!(
+        named(with_source().rebuild(Rebuild::every_period(huge)).build()),
+        "every"
+    );
+    assert_eq!(
+        named(
+            with_source()
+                .rebuild(Rebuild::manual().timeout(huge))
+                .build()
+        ),
+        "timeout"
+    );
+    assert_eq!(
+        named(
+            with_source()
+                .rebuild(Rebuild::manual().write_settle(huge))
+                .build()
+        ),
+        "write_settle"
+    );
+    assert_eq!(
+        named(
+            with_source()
+                .rebuild(Rebuild::manual().retry_backoff(huge, huge))
+                .build()
+        ),
+        "retry_backoff"
+    );
+    assert_eq!(
+        named(Guard::builder().confirmed_absent_cache(10, huge).build()),
+        "confirmed-absent ttl"
+    );
+    // The longest accepted durations run without overflowing anything.
+    let longest = bloomguard::guard::MAX_DURATION;
+    let guard = with_source()
+        .maintenance_interval(longest)
+        .rebuild(
+            Rebuild::every_period(longest)
+                .retry_backoff(longest, longest)
+                .timeout(longest),
+        )
+        .confirmed_absent_cache(10, longest)
+        .build()
+        .unwrap();
+    drop(guard);
+}
+
+/// A source whose scan panics: a bug in user code, inside the maintenance task.
+struct PanickingSource;
+
+impl KeySource for PanickingSource {
+    fn scan(&self) -> KeyStream<'_> {
+        panic!("a bug in the key source");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_maintenance_task_that_dies_says_so() {
+    let guard = Guard::builder().source(PanickingSource).build().unwrap();
+    assert!(!guard.stats().maintenance_running);
+    let maintenance = guard.spawn_maintenance();
+    wait_until("the task to die", || maintenance.is_finished()).await;
+    assert!(maintenance.panicked(), "the handle reports the panic");
+    assert!(
+        !guard.stats().maintenance_running,
+        "the stats report it too"
+    );
+    assert!(guard.is_warming(), "and the guard keeps failing open");
+
+    let guard = Guard::builder().build().unwrap();
+    let maintenance = guard.spawn_maintenance();
+    wait_until("the task to start", || guard.stats().maintenance_running).await;
+    assert!(!maintenance.panicked());
+    maintenance.shutdown().await;
+    assert!(!guard.stats().maintenance_running);
+}

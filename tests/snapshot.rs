@@ -5,7 +5,12 @@ mod common;
 use std::path::PathBuf;
 
 use bloomguard::{AtomicBloom, DecodeError, FORMAT_VERSION, FilterBuilder};
+use common::alloc_meter::{AllocMeter, measure};
 use proptest::prelude::*;
+use proptest::test_runner::RngSeed;
+
+#[global_allocator]
+static ALLOCATOR: AllocMeter = AllocMeter;
 
 fn filled(expected: u64, p: f64, seed: u64, count: u64) -> AtomicBloom {
     let filter = AtomicBloom::with_seed(expected, p, seed).unwrap();
@@ -182,6 +187,146 @@ proptest! {
         let mut with_magic = b"BLMGUARD\x01\x00\x01\x01".to_vec();
         with_magic.extend(&bytes);
         let _ = AtomicBloom::from_bytes(&with_magic);
+    }
+}
+
+/// Bytes a decode may hold beyond twice the snapshot's size, whatever it
+/// claims: a filter's fixed parts (its set-bit counter stripes), plus a little.
+fn decode_slack_bytes() -> usize {
+    let one_block = AtomicBloom::with_params(512, 1).unwrap();
+    one_block.memory_bytes() - 64 + 256
+}
+
+/// Decodes `bytes` both ways, checking that neither holds more than twice
+/// the input, and that only an intact snapshot decodes.
+fn decode_within_budget(bytes: &[u8]) -> Result<(), TestCaseError> {
+    let budget = 2 * bytes.len() + decode_slack_bytes();
+    let (whole, used) = measure(|| AtomicBloom::from_bytes(bytes).map(|f| f.memory_bytes()));
+    prop_assert!(
+        used.peak_bytes <= budget,
+        "from_bytes held {} bytes of a {}-byte input",
+        used.peak_bytes,
+        bytes.len()
+    );
+    let (streamed, used) = measure(|| AtomicBloom::read_from(bytes).map(|f| f.memory_bytes()));
+    prop_assert!(
+        used.peak_bytes <= budget,
+        "read_from held {} bytes of a {}-byte input",
+        used.peak_bytes,
+        bytes.len()
+    );
+    // read_from stops at the snapshot's end, so bytes after it are no error there.
+    prop_assert!(
+        whole.is_err() || streamed.is_ok(),
+        "{:?} vs {:?}",
+        whole,
+        streamed
+    );
+    Ok(())
+}
+
+#[test]
+fn a_lying_header_costs_no_memory_before_the_payload_arrives() {
+    // 156 bytes whose header claims 2^26 blocks: 4 GiB, inside the default budget.
+    let mut lying = small_snapshot();
+    lying.truncate(156);
+    lying[16..24].copy_from_slice(&(1u64 << 26).to_le_bytes());
+    let (result, used) = measure(|| AtomicBloom::read_from(&lying[..]).map(|_| ()));
+    assert!(matches!(result, Err(DecodeError::Truncated)), "{result:?}");
+    assert!(
+        used.peak_bytes <= 2 * lying.len() + decode_slack_bytes(),
+        "read_from held {} bytes for a {}-byte stream",
+        used.peak_bytes,
+        lying.len()
+    );
+}
+
+#[test]
+fn the_meter_sees_a_peak() {
+    let ((), used) = measure(|| drop(std::hint::black_box(vec![0u8; 4096])));
+    assert_eq!((used.allocations, used.peak_bytes), (1, 4096));
+}
+
+/// Offsets of the header fields with their edge values (see the format table in `codec.rs`).
+const HEADER_EDGES: [(usize, &[u64]); 6] = [
+    (12, &[0, 1, 32, 33, u32::MAX as u64]),       // k (4 bytes)
+    (16, &[0, 1, 2, 1 << 26, 1 << 40, u64::MAX]), // blocks
+    (24, &[0, u64::MAX]),                         // seed
+    (32, &[0, 1, u64::MAX]),                      // capacity
+    (
+        40,
+        &[0, 1, 0x3ff0_0000_0000_0000, 0x7ff8_0000_0000_0000, u64::MAX],
+    ), // target FPR bits: 0, tiny, 1.0, NaN
+    (48, &[0, 1, u64::MAX]),                      // reserved
+];
+
+/// Sets a header field and recomputes the checksum, so the decoder has to
+/// judge the field itself.
+fn with_header_field(mut bytes: Vec<u8>, offset: usize, value: u64) -> Vec<u8> {
+    let width = if offset == 12 { 4 } else { 8 };
+    bytes[offset..offset + width].copy_from_slice(&value.to_le_bytes()[..width]);
+    let body = bytes.len() - 8;
+    let checksum = xxhash_rust::xxh3::xxh3_64(&bytes[..body]);
+    bytes[body..].copy_from_slice(&checksum.to_le_bytes());
+    bytes
+}
+
+#[derive(Debug, Clone)]
+enum Mutation {
+    FlipBit(prop::sample::Index, u8),
+    Truncate(prop::sample::Index),
+    Extend(Vec<u8>),
+    HeaderField(prop::sample::Index, prop::sample::Index),
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        (any::<prop::sample::Index>(), 0..8u8).prop_map(|(at, bit)| Mutation::FlipBit(at, bit)),
+        any::<prop::sample::Index>().prop_map(Mutation::Truncate),
+        prop::collection::vec(any::<u8>(), 1..200).prop_map(Mutation::Extend),
+        (any::<prop::sample::Index>(), any::<prop::sample::Index>())
+            .prop_map(|(field, value)| Mutation::HeaderField(field, value)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 512,
+        rng_seed: RngSeed::Fixed(0x5eed_b10f),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Valid snapshots, mutated: no panic, no decode holding more than twice
+    /// the input, and only the untouched bytes decode.
+    #[test]
+    fn mutated_snapshots_are_refused_within_a_memory_budget(
+        items in 1..400u64,
+        seed in any::<u64>(),
+        mutations in prop::collection::vec(mutation(), 1..4),
+    ) {
+        let original = filled(items, 0.01, seed, items);
+        let original = original.to_bytes();
+        let mut bytes = original.clone();
+        for mutation in mutations {
+            match mutation {
+                Mutation::FlipBit(at, bit) => {
+                    let i = at.index(bytes.len());
+                    bytes[i] ^= 1 << bit;
+                }
+                Mutation::Truncate(at) => bytes.truncate(at.index(bytes.len())),
+                Mutation::Extend(extra) => bytes.extend(extra),
+                Mutation::HeaderField(field, value) if bytes.len() >= 64 => {
+                    let (offset, edges) = HEADER_EDGES[field.index(HEADER_EDGES.len())];
+                    bytes = with_header_field(bytes, offset, edges[value.index(edges.len())]);
+                }
+                Mutation::HeaderField(..) => {}
+            }
+        }
+        decode_within_budget(&bytes)?;
+        if let Ok(filter) = AtomicBloom::from_bytes(&bytes) {
+            prop_assert_eq!(filter.to_bytes(), bytes);
+        }
     }
 }
 

@@ -24,9 +24,9 @@ use std::io::{Read, Write};
 
 use super::hash::HASH_SCHEME_ID;
 use super::math::{BLOCK_BITS, MAX_HASHES};
-use super::{AtomicBloom, DEFAULT_MAX_BYTES};
+use super::{AtomicBloom, Block, DEFAULT_MAX_BYTES};
 use crate::error::DecodeError;
-use crate::sync::Ordering;
+use crate::sync::{AtomicU64, Ordering};
 use xxhash_rust::xxh3::Xxh3Default;
 
 const MAGIC: [u8; 8] = *b"BLMGUARD";
@@ -36,7 +36,7 @@ const LAYOUT_BLOCKED_512: u8 = 1;
 const HEADER_LEN: usize = 56;
 const TRAILER_LEN: usize = 16;
 const BLOCK_BYTES: u64 = BLOCK_BITS / 8;
-/// Blocks encoded or decoded per buffer fill: 64 KiB.
+/// Blocks encoded per buffer fill: 64 KiB.
 const CHUNK_BLOCKS: usize = 1024;
 
 impl AtomicBloom {
@@ -124,12 +124,16 @@ impl AtomicBloom {
         match (bytes.len() as u64).cmp(&expected) {
             std::cmp::Ordering::Less => Err(DecodeError::Truncated),
             std::cmp::Ordering::Greater => Err(DecodeError::TrailingBytes),
-            std::cmp::Ordering::Equal => decode(&mut &bytes[..], payload),
+            std::cmp::Ordering::Equal => decode(&mut &bytes[..], payload, Claim::Checked),
         }
     }
 
     /// Decodes one snapshot from `reader`, reading no further than its end,
     /// and refusing filters over [`DEFAULT_MAX_BYTES`].
+    ///
+    /// Memory grows with the bytes that actually arrive (at most twice
+    /// them), not with the size the header claims: a stream that lies about
+    /// its size costs what it sent.
     ///
     /// # Errors
     /// As [`from_bytes`](Self::from_bytes), bar trailing bytes, plus I/O errors.
@@ -145,7 +149,7 @@ impl AtomicBloom {
         mut reader: impl Read,
         max_bytes: u64,
     ) -> Result<Self, DecodeError> {
-        decode(&mut reader, max_bytes)
+        decode(&mut reader, max_bytes, Claim::Unverified)
     }
 
     fn header(&self) -> [u8; HEADER_LEN] {
@@ -171,7 +175,25 @@ struct Header {
     target: Option<(u64, f64)>,
 }
 
-fn decode(reader: &mut impl Read, max_bytes: u64) -> Result<AtomicBloom, DecodeError> {
+/// How much of a snapshot's claimed size the decoder may reserve before the
+/// payload has arrived.
+#[derive(Clone, Copy)]
+enum Claim {
+    /// The input's length was checked against the header: reserve it all.
+    Checked,
+    /// A stream of unknown length: grow with what actually arrives, so a
+    /// header that lies about the size costs nothing.
+    Unverified,
+}
+
+/// Blocks read from the input per step: 4 KiB, on the stack.
+const STEP_BLOCKS: usize = 64;
+
+fn decode(
+    reader: &mut impl Read,
+    max_bytes: u64,
+    claim: Claim,
+) -> Result<AtomicBloom, DecodeError> {
     let mut checksum = Xxh3Default::new();
     let mut header = [0u8; HEADER_LEN];
     reader.read_exact(&mut header)?;
@@ -182,20 +204,33 @@ fn decode(reader: &mut impl Read, max_bytes: u64) -> Result<AtomicBloom, DecodeE
         return Err(DecodeError::TooLarge { bytes, max_bytes });
     }
 
-    let filter = AtomicBloom::allocate(header.blocks, header.k, header.seed, header.target);
+    let claimed = header.blocks as usize;
+    let mut blocks: Vec<Block> = match claim {
+        Claim::Checked => Vec::with_capacity(claimed),
+        Claim::Unverified => Vec::new(),
+    };
     let mut set_bits = 0u64;
-    let mut buffer = vec![0u8; CHUNK_BLOCKS * BLOCK_BYTES as usize];
-    for chunk in filter.blocks.chunks(CHUNK_BLOCKS) {
-        let buffer = &mut buffer[..chunk.len() * BLOCK_BYTES as usize];
-        reader.read_exact(buffer)?;
-        checksum.update(buffer);
-        let words = chunk.iter().flat_map(|block| &block.0);
-        for (word, bytes) in words.zip(buffer.chunks_exact(8)) {
-            let value = u64::from_le_bytes(bytes.try_into().expect("chunks of 8"));
-            set_bits += u64::from(value.count_ones());
-            word.store(value, Ordering::Relaxed);
+    let mut step = [0u8; STEP_BLOCKS * BLOCK_BYTES as usize];
+    while blocks.len() < claimed {
+        let count = (claimed - blocks.len()).min(STEP_BLOCKS);
+        let step = &mut step[..count * BLOCK_BYTES as usize];
+        reader.read_exact(step)?;
+        checksum.update(step);
+        if blocks.capacity() - blocks.len() < count {
+            // At most double what has arrived: memory follows the bytes read.
+            let grow = count.max(blocks.len()).min(claimed - blocks.len());
+            blocks.reserve_exact(grow);
+        }
+        for bytes in step.chunks_exact(BLOCK_BYTES as usize) {
+            let words = std::array::from_fn(|i| {
+                let value = read_u64(bytes, i * 8);
+                set_bits += u64::from(value.count_ones());
+                AtomicU64::new(value)
+            });
+            blocks.push(Block(words));
         }
     }
+    let filter = AtomicBloom::from_blocks(blocks.into(), header.k, header.seed, header.target);
 
     let mut trailer = [0u8; TRAILER_LEN];
     reader.read_exact(&mut trailer)?;

@@ -19,6 +19,10 @@ pub const MAX_HASHES: u32 = 32;
 const MAX_PLANNED_HASHES: u32 = 24;
 /// The most keys per block [`plan`] considers: far past any useful load.
 const MAX_KEYS_PER_BLOCK: f64 = 16_384.0;
+/// The lowest false-positive rate a filter may be sized for. Below it the
+/// sizing model (an alternating sum over a block's bits) loses its digits to
+/// cancellation, so a plan could no longer show that it meets the target.
+pub const MIN_FALSE_POSITIVE_RATE: f64 = 1e-8;
 
 /// What a filter sized for `expected_items` at `false_positive_rate` looks like.
 ///
@@ -63,18 +67,24 @@ impl Plan {
 ///
 /// # Errors
 /// [`ConfigError::OutOfRange`] if `expected_items` is zero or
-/// `false_positive_rate` is not a number in (0, 1).
+/// `false_positive_rate` is not a number in
+/// [[`MIN_FALSE_POSITIVE_RATE`], 1).
 pub fn plan(expected_items: u64, false_positive_rate: f64) -> Result<Plan, ConfigError> {
     check_items(expected_items)?;
-    check_rate("false_positive_rate", false_positive_rate)?;
+    check_false_positive_rate(false_positive_rate)?;
     let n = expected_items as f64;
-    let (blocks, k) = (1..=MAX_PLANNED_HASHES)
+    let (mut blocks, k) = (1..=MAX_PLANNED_HASHES)
         .map(|k| {
             let lambda = max_keys_per_block(k, false_positive_rate);
             ((n / lambda).ceil().max(1.0) as u64, k)
         })
         .min()
         .expect("at least one k is tried");
+    // The model's last digits are noise: where rounding put the load a hair
+    // over the target, a few more blocks (0.025 % each step) bring it under.
+    while blocked_fpr(n / blocks as f64, k) > false_positive_rate {
+        blocks = blocks.saturating_add(blocks / 4096 + 1);
+    }
     let bits = blocks.saturating_mul(BLOCK_BITS);
     Ok(Plan {
         expected_items,
@@ -98,12 +108,13 @@ pub(crate) fn check_items(expected_items: u64) -> Result<(), ConfigError> {
     Ok(())
 }
 
-pub(crate) fn check_rate(parameter: &'static str, rate: f64) -> Result<(), ConfigError> {
-    if !(rate > 0.0 && rate < 1.0) {
+/// A target false-positive rate a filter can be sized for and shown to meet.
+pub(crate) fn check_false_positive_rate(rate: f64) -> Result<(), ConfigError> {
+    if !(MIN_FALSE_POSITIVE_RATE..1.0).contains(&rate) {
         return Err(ConfigError::out_of_range(
-            parameter,
+            "false_positive_rate",
             rate,
-            "a number in the open interval (0, 1)",
+            "a number in [1e-8, 1): below 1e-8 the sizing model cannot vouch for the rate",
         ));
     }
     Ok(())
@@ -122,6 +133,9 @@ pub(crate) fn check_rate(parameter: &'static str, rate: f64) -> Result<(), Confi
 pub(crate) fn blocked_fpr(keys_per_block: f64, k: u32) -> f64 {
     if keys_per_block <= 0.0 {
         return 0.0;
+    }
+    if !keys_per_block.is_finite() {
+        return 1.0;
     }
     let k_usize = k as usize;
     // none_hit[i]: the chance, over the Poisson load, that no key of the block hits i given bits.
@@ -188,17 +202,20 @@ pub(crate) fn expected_fill(keys_per_block: f64, k: u32) -> f64 {
     1.0 - (keys_per_block * (untouched_by_one_key - 1.0)).exp()
 }
 
-/// The mean number of keys per block that leaves `fill_ratio` of the bits set,
+/// The mean number of keys per block that leaves `set_bits` of `bits` set,
 /// the inverse of [`expected_fill`].
-pub(crate) fn keys_per_block_from_fill(fill_ratio: f64, k: u32) -> f64 {
-    if fill_ratio <= 0.0 {
+///
+/// Finite and monotone up to a full filter: a filter with every bit set
+/// reads as the load that leaves half a bit clear in expectation, the most
+/// its fill can tell.
+pub(crate) fn keys_per_block_from_fill(set_bits: u64, bits: u64, k: u32) -> f64 {
+    if set_bits == 0 || bits == 0 {
         return 0.0;
     }
-    if fill_ratio >= 1.0 {
-        return f64::INFINITY;
-    }
+    let clear = (bits - set_bits.min(bits)) as f64;
+    let clear_share = clear.max(0.5) / bits as f64;
     let untouched_by_one_key = (1.0 - 1.0 / BLOCK_BITS as f64).powi(k as i32);
-    (1.0 - fill_ratio).ln() / (untouched_by_one_key - 1.0)
+    clear_share.ln() / (untouched_by_one_key - 1.0)
 }
 
 #[cfg(test)]
@@ -242,8 +259,9 @@ mod tests {
                 - ((1.0 - 1.0 / 512.0_f64).powi(k) - 1.0)
                     .mul_add(lambda, 0.0)
                     .exp();
-            let back = keys_per_block_from_fill(fill, k as u32);
-            assert!((back - lambda).abs() < 1e-6 * lambda, "{lambda} -> {back}");
+            let bits = 1u64 << 40;
+            let back = keys_per_block_from_fill((fill * bits as f64) as u64, bits, k as u32);
+            assert!((back - lambda).abs() < 1e-5 * lambda, "{lambda} -> {back}");
         }
     }
 
@@ -259,6 +277,10 @@ mod tests {
             f64::INFINITY,
             f64::NEG_INFINITY,
         ] {
+            let err = plan(100, p).unwrap_err();
+            assert!(err.to_string().contains("false_positive_rate"), "{err}");
+        }
+        for p in [MIN_FALSE_POSITIVE_RATE / 2.0, 1e-15, 5e-324] {
             let err = plan(100, p).unwrap_err();
             assert!(err.to_string().contains("false_positive_rate"), "{err}");
         }

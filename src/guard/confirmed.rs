@@ -48,13 +48,7 @@ impl ConfirmedAbsent {
                 "at least 1",
             ));
         }
-        if ttl.is_zero() {
-            return Err(ConfigError::out_of_range(
-                "confirmed-absent ttl",
-                format!("{ttl:?}"),
-                "a positive duration",
-            ));
-        }
+        super::check_duration("confirmed-absent ttl", ttl)?;
         Ok(Self {
             entries: DashMap::new(),
             capacity,

@@ -12,8 +12,12 @@ use crate::filter::AtomicBloom;
 /// through `ArcSwap`, never changed in place (the filters' bits aside).
 #[derive(Debug)]
 pub(crate) struct LiveSet {
-    /// Oldest first; the newest takes inserts. Empty while warming.
+    /// Oldest first; the newest takes inserts. Empty while warming, unless
+    /// a filter was merged in before the first build.
     pub(crate) generations: Vec<Arc<Generation>>,
+    /// No complete pass over the guard's own source yet: every check answers
+    /// `Warming`, whatever the generations hold. Only a build's commit ends it.
+    pub(crate) warming: bool,
     /// A filter being built by a rebuild: inserts go here too.
     pub(crate) shadow: Option<Arc<Shadow>>,
     /// Changes whenever `generations` does.
@@ -24,8 +28,17 @@ impl LiveSet {
     pub(crate) fn warming() -> Self {
         Self {
             generations: Vec::new(),
+            warming: true,
             shadow: None,
             number: 0,
+        }
+    }
+
+    /// A set that serves from `generations`, numbered as the next swap.
+    pub(crate) fn serving(&self, generations: Vec<Arc<Generation>>) -> Self {
+        Self {
+            warming: false,
+            ..self.replaced(generations)
         }
     }
 
@@ -37,6 +50,7 @@ impl LiveSet {
     pub(crate) fn with_shadow(&self, shadow: Option<Arc<Shadow>>) -> Self {
         Self {
             generations: self.generations.clone(),
+            warming: self.warming,
             shadow,
             number: self.number,
         }
@@ -46,6 +60,7 @@ impl LiveSet {
     pub(crate) fn replaced(&self, generations: Vec<Arc<Generation>>) -> Self {
         Self {
             generations,
+            warming: self.warming,
             shadow: self.shadow.clone(),
             number: self.number + 1,
         }

@@ -1,6 +1,6 @@
 //! The background task that applies a guard's policies.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -26,7 +26,13 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
 /// [`shutdown`](Self::shutdown) also waits for it to end. The task holds no
 /// strong reference to the guard, so it also ends once every [`Guard`]
 /// clone is dropped.
+///
+/// If the task dies (a panic in a [`KeySource`](crate::KeySource), say), it
+/// logs at ERROR, [`panicked`](Self::panicked) turns true and
+/// [`GuardStats::maintenance_running`](crate::GuardStats::maintenance_running)
+/// false: no rebuild or rotation happens until a new task is spawned.
 #[derive(Debug)]
+#[must_use = "dropping the handle stops the maintenance task at once (a guard with a source then stays warming): keep it for as long as the guard serves"]
 pub struct MaintenanceHandle {
     task: StoppableTask,
 }
@@ -37,9 +43,14 @@ impl MaintenanceHandle {
         self.task.shutdown().await;
     }
 
-    /// Whether the task has ended.
+    /// Whether the task has ended (stopped, or died: see [`panicked`](Self::panicked)).
     pub fn is_finished(&self) -> bool {
         self.task.is_finished()
+    }
+
+    /// Whether the task ended by panicking.
+    pub fn panicked(&self) -> bool {
+        self.task.panicked()
     }
 }
 
@@ -67,9 +78,11 @@ impl Guard {
             interval: self.inner.maintenance_interval,
             backoff: Backoff::new(self.inner.rebuild.retry_backoff),
             retry_at: None,
+            warming_reported_at: None,
+            _running: Running::count(&self.inner.maintenance_tasks),
         };
         MaintenanceHandle {
-            task: StoppableTask::spawn(|stopped| task.run(stopped, verifier)),
+            task: StoppableTask::spawn("guard maintenance", |stopped| task.run(stopped, verifier)),
         }
     }
 
@@ -159,6 +172,27 @@ struct Task {
     interval: Duration,
     backoff: Backoff,
     retry_at: Option<Instant>,
+    /// When the task last logged that the guard is still warming.
+    warming_reported_at: Option<Instant>,
+    /// Counts the task in `GuardStats::maintenance_running` until it is
+    /// dropped: returned, panicked or cancelled alike.
+    _running: Running,
+}
+
+/// One running maintenance task, counted while it lives.
+struct Running(Arc<AtomicUsize>);
+
+impl Running {
+    fn count(tasks: &Arc<AtomicUsize>) -> Self {
+        tasks.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(tasks))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Task {
@@ -171,6 +205,7 @@ impl Task {
             {
                 tracing::warn!(guard = %guard.name(), %error, "cannot rotate");
             }
+            self.report_long_warming(&guard, now);
             if self.retry_at.is_none_or(|at| now >= at)
                 && let Some(reason) = guard.rebuild_due(now)
             {
@@ -212,6 +247,23 @@ impl Task {
                 .verifier
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(verifier);
+        }
+    }
+
+    /// Logs a guard still warming past its rebuild timeout, once per timeout:
+    /// it fails open meanwhile, so only the log and the stats show it.
+    fn report_long_warming(&mut self, guard: &Guard, now: Instant) {
+        let timeout = guard.inner.rebuild.timeout;
+        let since = self.warming_reported_at.unwrap_or(guard.inner.built_at);
+        if guard.is_warming() && now.saturating_duration_since(since) > timeout {
+            self.warming_reported_at = Some(now);
+            let stats = guard.stats();
+            tracing::warn!(
+                guard = %guard.name(),
+                warming_for = ?now.saturating_duration_since(guard.inner.built_at),
+                failed_builds = stats.rebuilds.failed + stats.rebuilds.timed_out,
+                "the guard is still warming (answering every check \"maybe\"): its first build has not completed"
+            );
         }
     }
 

@@ -43,22 +43,22 @@ mod writes;
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::sync::Notify;
 
-use crate::error::{ConfigError, IncompatibleFilters};
+use crate::error::{ConfigError, IncompatibleFilters, StillWarming};
 use crate::filter::{
-    AtomicBloom, DEFAULT_MAX_BYTES, FilterBuilder, check_rate, hash_key, random_seed,
+    AtomicBloom, DEFAULT_MAX_BYTES, FilterBuilder, check_false_positive_rate, hash_key, random_seed,
 };
 use crate::stats::StripedCounters;
 use live::{Generation, LiveSet};
 pub use maintenance::MaintenanceHandle;
-use policy::MAX_GROWN_FILTERS;
-pub use policy::{Lifecycle, Rebuild};
+pub use policy::{Lifecycle, MAX_DURATION, Rebuild};
+use policy::{MAX_GROWN_FILTERS, check_duration};
 pub use reader::GuardReader;
 pub use rebuild::{RebuildError, RebuildOutcome, RebuildReport};
 pub use source::{KeySource, SourceError};
@@ -122,6 +122,13 @@ struct Inner {
     /// Wakes the maintenance task early. Shared with the task, which must
     /// not keep the guard alive.
     wake: Arc<Notify>,
+    /// Wakes `ready()` callers when a build ends warming.
+    left_warming: Notify,
+    /// Maintenance tasks running now; shared with them (they must not keep
+    /// the guard alive), each counted until its future is dropped.
+    maintenance_tasks: Arc<AtomicUsize>,
+    /// When the guard was built: how long a warming guard has waited.
+    built_at: tokio::time::Instant,
     maintenance_interval: Duration,
     staleness: Option<StalenessSampler>,
     /// Keys the backend confirmed absent after a false positive (off by default).
@@ -189,7 +196,7 @@ impl Guard {
         let mut in_generation = [false; GROUP];
         for (keys, out) in keys.chunks(GROUP).zip(out.chunks_mut(GROUP)) {
             let n = keys.len();
-            if live.generations.is_empty() {
+            if live.warming || live.generations.is_empty() {
                 out[..n].fill(Verdict::Warming);
             } else {
                 for (hash, key) in hashes.iter_mut().zip(keys) {
@@ -217,6 +224,9 @@ impl Guard {
     /// The verdict for `key` in `live`, neither counted nor sampled.
     #[inline]
     pub(crate) fn verdict_in(&self, live: &LiveSet, key: &[u8]) -> Verdict {
+        if live.warming {
+            return Verdict::Warming;
+        }
         match live.generations.as_slice() {
             [] => Verdict::Warming,
             [only] => present_if(only.filter.contains(key)),
@@ -268,6 +278,11 @@ impl Guard {
     /// rebuild it is ORed into the new filter too; if that one has another
     /// size, the rebuild fails with [`RebuildError::MergedDuringRebuild`]
     /// rather than swap the merged keys away.
+    ///
+    /// A merge never ends [warming](Self::is_warming): the merged filter
+    /// says nothing of the keys this guard's own store holds, so checks keep
+    /// answering [`Verdict::Warming`] until the first build has read the
+    /// whole source (the maintenance task keeps retrying it).
     ///
     /// # Errors
     /// [`IncompatibleFilters`] unless the filter has the newest filter's bits,
@@ -395,7 +410,13 @@ impl Guard {
     fn insert_into(&self, live: &LiveSet, key: &[u8]) {
         let hash = hash_key(key, self.inner.seed);
         if let Some(newest) = live.newest() {
-            newest.filter.insert_hashed(hash);
+            if !newest.filter.insert_hashed(hash) {
+                // Rare for distinct keys (about the FPR): a high share means
+                // repeated keys, or keys crafted to crowd a few blocks.
+                self.inner
+                    .counters
+                    .add(Counter::RedundantInserts as usize, 1);
+            }
             if matches!(self.inner.lifecycle, Lifecycle::Grow { .. })
                 && newest.is_full_sampled(hash)
             {
@@ -454,9 +475,60 @@ impl Guard {
         &self.inner.name
     }
 
-    /// Whether no filter has been built yet (every check answers `Warming`).
+    /// Whether the guard has not yet completed a pass over its source (every
+    /// check answers `Warming`). A guard without a source never warms.
     pub fn is_warming(&self) -> bool {
-        self.inner.live.load().generations.is_empty()
+        self.inner.live.load().warming
+    }
+
+    /// Waits until the guard has left warming: its first build has
+    /// completed, so checks can answer [`Verdict::Absent`]. Returns at once
+    /// for a guard without a source. Needs the maintenance task running
+    /// ([`spawn_maintenance`](Self::spawn_maintenance)) or a
+    /// [`rebuild`](Self::rebuild) to finish; see
+    /// [`ready_within`](Self::ready_within) for a bounded wait.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// use bloomguard::{Guard, Verdict, source};
+    ///
+    /// let guard = Guard::builder()
+    ///     .source(source::from_fn(|| vec!["item:1"]))
+    ///     .build()?;
+    /// assert_eq!(guard.check("item:1"), Verdict::Warming);
+    /// let maintenance = guard.spawn_maintenance();
+    /// guard.ready().await;
+    /// assert_eq!(guard.check("item:1"), Verdict::MaybePresent);
+    /// assert_eq!(guard.check("item:2"), Verdict::Absent);
+    /// maintenance.shutdown().await;
+    /// # Ok::<(), bloomguard::ConfigError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn ready(&self) {
+        loop {
+            let left_warming = self.inner.left_warming.notified();
+            let mut left_warming = std::pin::pin!(left_warming);
+            // Registered before the look, so a commit in between still wakes us.
+            left_warming.as_mut().enable();
+            if !self.is_warming() {
+                return;
+            }
+            left_warming.await;
+        }
+    }
+
+    /// [`ready`](Self::ready), giving up after `timeout`.
+    ///
+    /// # Errors
+    /// [`StillWarming`] if the first build has not completed by then; the
+    /// guard keeps answering `Warming` (failing open) meanwhile.
+    pub async fn ready_within(&self, timeout: Duration) -> Result<(), StillWarming> {
+        tokio::time::timeout(timeout, self.ready())
+            .await
+            .map_err(|_| StillWarming {
+                guard: self.inner.name.clone(),
+                waited: timeout,
+            })
     }
 
     /// Drops the oldest generation and opens a fresh one for inserts, now.
@@ -472,8 +544,8 @@ impl Guard {
         let fresh = self.new_generation(self.inner.expected_items, self.first_filter_rate())?;
         let _swap = self.lock_swaps();
         let live = self.inner.live.load();
-        if live.generations.is_empty() && self.inner.source.is_some() {
-            // Still warming: the first build opens the first generation.
+        if live.warming {
+            // The first build opens the first generation.
             return Ok(());
         }
         let keep_from = (live.generations.len() + 1).saturating_sub(generations);
@@ -767,16 +839,10 @@ impl GuardBuilder {
     /// rate outside (0, 1), a lifecycle or rebuild parameter out of range,
     /// or a first filter over the memory budget.
     pub fn build(self) -> Result<Guard, ConfigError> {
-        check_rate("false_positive_rate", self.false_positive_rate)?;
-        if self.maintenance_interval.is_zero() {
-            return Err(ConfigError::out_of_range(
-                "maintenance_interval",
-                format!("{:?}", self.maintenance_interval),
-                "a positive duration",
-            ));
-        }
+        check_false_positive_rate(self.false_positive_rate)?;
+        check_duration("maintenance_interval", self.maintenance_interval)?;
         self.lifecycle.validate()?;
-        self.rebuild.validate()?;
+        self.rebuild.validate(self.false_positive_rate)?;
         let first_rate = self.lifecycle.first_filter_rate(self.false_positive_rate);
         // Sizing the first filter checks items, rate and budget, even for a
         // guard that only builds it after its first scan.
@@ -794,7 +860,7 @@ impl GuardBuilder {
         };
         let live = match self.source {
             Some(_) => LiveSet::warming(),
-            None => LiveSet::warming().replaced(vec![Arc::new(Generation::new(
+            None => LiveSet::warming().serving(vec![Arc::new(Generation::new(
                 first,
                 self.expected_items,
                 first_rate,
@@ -825,6 +891,9 @@ impl GuardBuilder {
                 history: Mutex::new(History::default()),
                 stale: AtomicBool::new(false),
                 wake: Arc::new(Notify::new()),
+                left_warming: Notify::new(),
+                maintenance_tasks: Arc::new(AtomicUsize::new(0)),
+                built_at: tokio::time::Instant::now(),
                 maintenance_interval: self.maintenance_interval,
                 staleness,
                 verifier: Mutex::new(verifier),

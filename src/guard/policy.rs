@@ -43,6 +43,36 @@ pub enum Lifecycle {
 /// The most filters a growing guard opens; past it, it keeps filling the last one.
 pub(crate) const MAX_GROWN_FILTERS: usize = 32;
 
+/// The longest duration any guard option accepts: 100 years. Longer ones
+/// (`Duration::MAX` among them) would overflow the clock arithmetic of the
+/// maintenance task, so the builder refuses them by name.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A duration option: positive and at most [`MAX_DURATION`].
+pub(crate) fn check_duration(parameter: &'static str, value: Duration) -> Result<(), ConfigError> {
+    check_duration_or_zero(parameter, value)?;
+    if value.is_zero() {
+        return Err(ConfigError::out_of_range(
+            parameter,
+            format!("{value:?}"),
+            "a positive duration of at most 100 years",
+        ));
+    }
+    Ok(())
+}
+
+/// A duration option that may be zero: at most [`MAX_DURATION`].
+fn check_duration_or_zero(parameter: &'static str, value: Duration) -> Result<(), ConfigError> {
+    if value > MAX_DURATION {
+        return Err(ConfigError::out_of_range(
+            parameter,
+            format!("{value:?}"),
+            "a duration of at most 100 years",
+        ));
+    }
+    Ok(())
+}
+
 impl Lifecycle {
     /// [`Lifecycle::Rotate`] with `generations` generations of `period` each.
     pub fn rotate(generations: usize, period: Duration) -> Self {
@@ -74,14 +104,7 @@ impl Lifecycle {
                         "2..=64",
                     ));
                 }
-                if period.is_zero() {
-                    return Err(ConfigError::out_of_range(
-                        "period",
-                        format!("{period:?}"),
-                        "a positive duration",
-                    ));
-                }
-                Ok(())
+                check_duration("period", period)
             }
             Self::Grow {
                 expansion,
@@ -251,14 +274,16 @@ impl Rebuild {
         self
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+    /// Checks every option, the drift threshold against `target_fpr`: an
+    /// estimated rate never exceeds 1, so drift never exceeds `1 / target_fpr`.
+    pub(crate) fn validate(&self, target_fpr: f64) -> Result<(), ConfigError> {
         if let Some(ratio) = self.drift_threshold
-            && !(ratio > 1.0 && ratio.is_finite())
+            && !(ratio > 1.0 && ratio < 1.0 / target_fpr)
         {
             return Err(ConfigError::out_of_range(
                 "drift threshold",
                 ratio,
-                "a finite ratio above 1.0",
+                "a ratio above 1.0 and below 1 / false_positive_rate (a false-positive rate never exceeds 1)",
             ));
         }
         if let Some(fraction) = self.removed_fraction
@@ -277,22 +302,14 @@ impl Rebuild {
                 "1.0..=100.0",
             ));
         }
-        if self.timeout.is_zero() {
-            return Err(ConfigError::out_of_range(
-                "timeout",
-                format!("{:?}", self.timeout),
-                "a positive duration",
-            ));
+        check_duration("timeout", self.timeout)?;
+        if let Some(period) = self.every {
+            check_duration("every", period)?;
         }
-        if let Some(period) = self.every
-            && period.is_zero()
-        {
-            return Err(ConfigError::out_of_range(
-                "every",
-                format!("{period:?}"),
-                "a positive duration",
-            ));
-        }
+        check_duration_or_zero("write_settle", self.write_settle)?;
+        let (first, max) = self.retry_backoff;
+        check_duration("retry_backoff", first)?;
+        check_duration("retry_backoff", max)?;
         Ok(())
     }
 }

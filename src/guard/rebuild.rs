@@ -305,10 +305,11 @@ impl<'a> Installed<'a> {
                 return Err(RebuildError::MergedDuringRebuild);
             }
             let live = inner.live.load();
-            let mut rebuilt = live.replaced(vec![Arc::clone(&self.shadow.generation)]);
+            let mut rebuilt = live.serving(vec![Arc::clone(&self.shadow.generation)]);
             rebuilt.shadow = None;
             inner.live.store(Arc::new(rebuilt));
         }
+        inner.left_warming.notify_waiters();
         // Writes that counted on this shadow while it was being built are
         // in the live filter now, but not in the next rebuild's: that one
         // must wait for them as well.

@@ -16,10 +16,11 @@ pub(crate) enum Counter {
     StaleNegatives,
     Removed,
     ConfirmedAbsentHits,
+    RedundantInserts,
 }
 
 impl Counter {
-    pub(crate) const COUNT: usize = 9;
+    pub(crate) const COUNT: usize = 10;
 
     #[inline]
     pub(crate) fn for_verdict(verdict: Verdict) -> usize {
@@ -97,6 +98,15 @@ pub struct GuardStats {
     pub checks: VerdictCounts,
     /// Calls of `insert` (and `begin_write`).
     pub inserts: u64,
+    /// Inserts that set no new bit in the newest filter: a key inserted
+    /// before, or (about the false-positive rate of the time) one whose
+    /// bits others had set.
+    pub redundant_inserts: u64,
+    /// `redundant_inserts ÷ inserts`. Near the FPR for distinct keys spread
+    /// by a secret seed; near 1 when the same keys are inserted again and
+    /// again, or when keys crafted with a known seed crowd a few blocks,
+    /// which the fill-based estimates cannot see (see SECURITY.md).
+    pub redundant_insert_ratio: f64,
     /// Backend answers "found" after a check that passed.
     pub found: u64,
     /// Backend answers "not found" after `MaybePresent`: false positives.
@@ -130,7 +140,15 @@ pub struct GuardStats {
     pub estimated_items: f64,
     /// Keys the live filters were sized for, summed over generations.
     pub capacity: u64,
-    /// Live filters (generations); 0 while warming.
+    /// Whether the guard has not yet completed a pass over its source
+    /// (every check answers `Warming`).
+    pub warming: bool,
+    /// Whether a maintenance task is running. `false` after
+    /// [`Guard::spawn_maintenance`] means the task stopped, or died (its
+    /// handle says which): no more rebuilds or rotations happen.
+    pub maintenance_running: bool,
+    /// Live filters (generations); 0 while warming, unless a filter was
+    /// merged in before the first build.
     pub generations: usize,
     /// Changes at every swap of the live filters (rebuild, rotation, growth).
     pub generation: u64,
@@ -192,10 +210,14 @@ impl Guard {
             checks.absent.saturating_sub(baseline.absent),
         );
         let passed = checks.maybe_present + checks.warming;
+        let inserts = count(Counter::Inserts);
+        let redundant_inserts = count(Counter::RedundantInserts);
         GuardStats {
             name: self.inner.name.clone(),
             checks,
-            inserts: count(Counter::Inserts),
+            inserts,
+            redundant_inserts,
+            redundant_insert_ratio: ratio(redundant_inserts, inserts).unwrap_or(0.0),
             found: count(Counter::Found),
             false_positives,
             stale_negatives: count(Counter::StaleNegatives),
@@ -211,6 +233,12 @@ impl Guard {
             fill_ratio,
             estimated_items,
             capacity,
+            warming: live.warming,
+            maintenance_running: self
+                .inner
+                .maintenance_tasks
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > 0,
             generations: live.generations.len(),
             generation: live.number,
             memory_bytes: live.memory_bytes(),

@@ -360,7 +360,7 @@ impl FleetSync {
     pub fn spawn(&self) -> FleetHandle {
         let sync = self.clone();
         FleetHandle {
-            task: StoppableTask::spawn(|stopped| async move {
+            task: StoppableTask::spawn("fleet consumer", |stopped| async move {
                 tokio::select! {
                     _ = stopped => {}
                     () = sync.consume() => {}
@@ -530,6 +530,7 @@ impl fmt::Debug for FleetSync {
 
 /// The running consumer of a [`FleetSync`]; dropping it stops the consumer.
 #[derive(Debug)]
+#[must_use = "dropping the handle stops the fleet consumer at once: keep it for as long as the instance serves"]
 pub struct FleetHandle {
     task: StoppableTask,
 }
@@ -538,5 +539,15 @@ impl FleetHandle {
     /// Stops the consumer and waits for it to end.
     pub async fn shutdown(self) {
         self.task.shutdown().await;
+    }
+
+    /// Whether the consumer has ended (stopped, or died: see [`panicked`](Self::panicked)).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Whether the consumer ended by panicking (logged at ERROR when it did).
+    pub fn panicked(&self) -> bool {
+        self.task.panicked()
     }
 }

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod alloc_meter;
 pub(crate) mod redis_server;
 
 /// `user:{u}:item:{i}` keys, numbered `first..first + count` (13–30 bytes).

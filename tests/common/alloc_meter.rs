@@ -1,0 +1,93 @@
+//! A global allocator that measures one thread's allocations while asked to:
+//! how many calls, and the peak of live bytes above the starting point.
+//!
+//! Kept by hand (no crate measures per-thread peaks this way): a test binary
+//! installs it with `#[global_allocator] static A: AllocMeter = AllocMeter;`
+//! and wraps the code under test in [`measure`].
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+/// Forwards to the system allocator, counting on the measuring thread.
+#[derive(Debug)]
+pub(crate) struct AllocMeter;
+
+/// What [`measure`] saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Measured {
+    /// Calls of `alloc`, `alloc_zeroed` and growing `realloc`.
+    pub(crate) allocations: usize,
+    /// The most bytes this thread held at once, above what it held at the start.
+    pub(crate) peak_bytes: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Meter {
+    allocations: usize,
+    live: isize,
+    peak: isize,
+}
+
+thread_local! {
+    static METER: Cell<Option<Meter>> = const { Cell::new(None) };
+}
+
+fn note(allocations: usize, bytes: isize) {
+    let _ = METER.try_with(|meter| {
+        if let Some(mut m) = meter.get() {
+            m.allocations += allocations;
+            m.live += bytes;
+            m.peak = m.peak.max(m.live);
+            meter.set(Some(m));
+        }
+    });
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged; the only
+// addition is a thread-local counter, which does not allocate.
+unsafe impl GlobalAlloc for AllocMeter {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note(1, layout.size() as isize);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note(1, layout.size() as isize);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        note(0, -(layout.size() as isize));
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let grows = usize::from(new_size > layout.size());
+        note(grows, new_size as isize - layout.size() as isize);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Runs `body`, measuring what this thread allocates meanwhile.
+pub(crate) fn measure<T>(body: impl FnOnce() -> T) -> (T, Measured) {
+    METER.with(|meter| {
+        meter.set(Some(Meter {
+            allocations: 0,
+            live: 0,
+            peak: 0,
+        }))
+    });
+    let output = body();
+    let meter = METER.with(|meter| meter.take().expect("measuring was on"));
+    (
+        output,
+        Measured {
+            allocations: meter.allocations,
+            peak_bytes: meter.peak.max(0) as usize,
+        },
+    )
+}

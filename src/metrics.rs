@@ -47,6 +47,12 @@ pub const DRIFT_RATIO: &str = "bloomguard_drift_ratio";
 pub const GENERATIONS: &str = "bloomguard_generations";
 /// Bytes of the filters.
 pub const MEMORY_BYTES: &str = "bloomguard_memory_bytes";
+/// Inserts that set no new bit (repeated keys, or keys crowding a few blocks).
+pub const REDUNDANT_INSERTS_TOTAL: &str = "bloomguard_redundant_inserts_total";
+/// 1 while the guard has not completed its first build (answering every check "maybe").
+pub const WARMING: &str = "bloomguard_warming";
+/// 1 while a maintenance task runs; 0 once it stopped or died.
+pub const MAINTENANCE_RUNNING: &str = "bloomguard_maintenance_running";
 
 /// Describes every metric (name, unit, help) to the installed recorder;
 /// [`Guard::publish_metrics`] calls it each time, so a recorder installed
@@ -102,6 +108,21 @@ pub fn describe() {
     );
     describe_gauge!(GENERATIONS, Unit::Count, "Live filters");
     describe_gauge!(MEMORY_BYTES, Unit::Bytes, "Bytes held by the filters");
+    describe_counter!(
+        REDUNDANT_INSERTS_TOTAL,
+        Unit::Count,
+        "Inserts that set no new bit: repeated keys, or keys crowding a few blocks"
+    );
+    describe_gauge!(
+        WARMING,
+        Unit::Count,
+        "1 while the first build has not completed (every check passes)"
+    );
+    describe_gauge!(
+        MAINTENANCE_RUNNING,
+        Unit::Count,
+        "1 while a maintenance task runs, 0 once it stopped or died"
+    );
 }
 
 impl Guard {
@@ -142,8 +163,19 @@ impl Guard {
             });
         gauge!(DRIFT_RATIO, "guard" => name.clone()).set(drift);
         gauge!(GENERATIONS, "guard" => name.clone()).set(stats.generations as f64);
-        gauge!(MEMORY_BYTES, "guard" => name).set(stats.memory_bytes as f64);
+        gauge!(MEMORY_BYTES, "guard" => name.clone()).set(stats.memory_bytes as f64);
+        counter!(REDUNDANT_INSERTS_TOTAL, "guard" => name.clone())
+            .absolute(stats.redundant_inserts);
+        gauge!(WARMING, "guard" => name.clone()).set(f64::from(u8::from(stats.warming)));
+        gauge!(MAINTENANCE_RUNNING, "guard" => name)
+            .set(f64::from(u8::from(stats.maintenance_running)));
     }
+}
+
+/// Marks the guard's maintenance as stopped, from the task's last breath
+/// (the task publishes the metrics, so nobody else would).
+pub(crate) fn record_maintenance_stopped(guard: &str) {
+    gauge!(MAINTENANCE_RUNNING, "guard" => guard.to_owned()).set(0.0);
 }
 
 /// Records a finished rebuild attempt's duration.

@@ -79,7 +79,7 @@ impl Guard {
             backoff: Backoff::new(self.inner.rebuild.retry_backoff),
             retry_at: None,
             warming_reported_at: None,
-            _running: Running::count(&self.inner.maintenance_tasks),
+            _running: Running::count(&self.inner.maintenance_tasks, &self.inner.name),
         };
         MaintenanceHandle {
             task: StoppableTask::spawn("guard maintenance", |stopped| task.run(stopped, verifier)),
@@ -180,18 +180,30 @@ struct Task {
 }
 
 /// One running maintenance task, counted while it lives.
-struct Running(Arc<AtomicUsize>);
+struct Running {
+    tasks: Arc<AtomicUsize>,
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    guard: String,
+}
 
 impl Running {
-    fn count(tasks: &Arc<AtomicUsize>) -> Self {
+    fn count(tasks: &Arc<AtomicUsize>, guard: &str) -> Self {
         tasks.fetch_add(1, Ordering::Relaxed);
-        Self(Arc::clone(tasks))
+        Self {
+            tasks: Arc::clone(tasks),
+            guard: guard.to_owned(),
+        }
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        let was = self.tasks.fetch_sub(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        if was == 1 {
+            crate::metrics::record_maintenance_stopped(&self.guard);
+        }
+        let _ = was;
     }
 }
 

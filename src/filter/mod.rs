@@ -110,6 +110,11 @@ impl AtomicBloom {
     /// across processes (to be combined with [`union`](Self::union), or
     /// compared in tests).
     ///
+    /// **Keep a fixed seed secret.** Whoever knows it can compute keys that
+    /// all land in one block, which defeats the filter (they pass it 100 % of
+    /// the time) while its statistics barely move; snapshots carry the seed
+    /// in the clear. See SECURITY.md in the repository.
+    ///
     /// # Errors
     /// As [`new`](Self::new).
     pub fn with_seed(expected_items: u64, fp_rate: f64, seed: u64) -> Result<Self, ConfigError> {
@@ -420,6 +425,11 @@ impl AtomicBloom {
     }
 
     /// The hash seed (stored in snapshots).
+    ///
+    /// **Keep a fixed seed secret.** Whoever knows it can compute keys that
+    /// all land in one block, which defeats the filter (they pass it 100 % of
+    /// the time) while its statistics barely move; snapshots carry the seed
+    /// in the clear. See SECURITY.md in the repository.
     pub fn seed(&self) -> u64 {
         self.seed
     }
@@ -496,6 +506,11 @@ impl FilterBuilder {
     }
 
     /// Fixes the hash seed (random otherwise).
+    ///
+    /// **Keep a fixed seed secret.** Whoever knows it can compute keys that
+    /// all land in one block, which defeats the filter (they pass it 100 % of
+    /// the time) while its statistics barely move; snapshots carry the seed
+    /// in the clear. See SECURITY.md in the repository.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self

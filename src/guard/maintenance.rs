@@ -150,9 +150,10 @@ impl Guard {
             Ok(Ok(true)) if self.peek(&key) == Verdict::Absent => {
                 self.inner.counters.add(Counter::StaleNegatives as usize, 1);
                 self.inner.stale.store(true, Ordering::Relaxed);
+                // No key in the line: keys can be personal data.
                 tracing::warn!(
                     guard = %self.inner.name,
-                    key = %String::from_utf8_lossy(&key),
+                    key_bytes = key.len(),
                     "stale filter: the store holds a key the guard answered absent for \
                      (written without Guard::insert?); rebuilding"
                 );

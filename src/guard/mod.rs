@@ -789,6 +789,11 @@ impl GuardBuilder {
 
     /// Fixes the hash seed of every filter of the guard (random otherwise),
     /// for filters that must agree across processes.
+    ///
+    /// **Keep a fixed seed secret.** Whoever knows it can compute keys that
+    /// all land in one block, which defeats the filter (they pass it 100 % of
+    /// the time) while its statistics barely move; snapshots carry the seed
+    /// in the clear. See SECURITY.md in the repository.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self

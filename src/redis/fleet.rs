@@ -16,6 +16,12 @@
 //! All instances of a fleet must build their guards with the same size,
 //! rate and [`seed`](crate::GuardBuilder::seed), so that their filters can be
 //! merged.
+//!
+//! **The seed travels in the clear.** Snapshots in Redis carry the fleet's
+//! seed in their header, and whoever knows the seed can craft keys that
+//! defeat the guard (see SECURITY.md in the repository): read access to these
+//! Redis keys is part of the secret, and write access lets a writer replace
+//! the fleet's filter. Keep them behind Redis ACLs.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};

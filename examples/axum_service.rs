@@ -30,12 +30,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{Method, Request, StatusCode};
+use axum::http::{Method, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
+use bloomguard::layer::PathKey;
 use bloomguard::{Guard, GuardLayer, InsertLayer, MaintenanceHandle, Rebuild, source};
 use dashmap::DashMap;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -46,7 +47,7 @@ pub(crate) const SEEDED_ITEMS: u64 = 100_000;
 /// The backend: an in-memory map that counts its reads.
 #[derive(Debug, Default)]
 pub(crate) struct Store {
-    items: DashMap<String, Bytes>,
+    pub(crate) items: DashMap<String, Bytes>,
     reads: AtomicU64,
     /// How long a read waits, standing in for a remote backend's round trip.
     read_delay: Option<Duration>,
@@ -132,15 +133,13 @@ struct AppState {
     prometheus: PrometheusHandle,
 }
 
-/// The key of a request for the guard: the id of `GET /items/{id}` (reads)
-/// or `POST /items/{id}` (writes), borrowed from the path.
-fn item_id(method: Method) -> impl for<'r> Fn(&'r Request<Body>) -> Option<&'r str> + Clone {
-    move |request: &Request<Body>| {
-        if request.method() != method {
-            return None;
-        }
-        request.uri().path().strip_prefix("/items/")
-    }
+/// The items route. The guard's key is its `{id}` decoded exactly as the
+/// handlers' `Path(id)` is (`PathKey`), so that the guard, the handlers and
+/// the store name an item by the same string (`%34%32` is item `42`).
+const ITEM_ROUTE: &str = "/items/{id}";
+
+fn item_id(method: Method) -> PathKey {
+    PathKey::route(ITEM_ROUTE).method(method)
 }
 
 /// The guard over `store`, rebuilt from it when its false-positive rate drifts.
@@ -203,7 +202,7 @@ pub(crate) fn unguarded_app(
 
 fn routes() -> Router<AppState> {
     Router::new()
-        .route("/items/{id}", get(read_item).post(write_item))
+        .route(ITEM_ROUTE, get(read_item).post(write_item))
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))
 }
@@ -317,9 +316,7 @@ pub(crate) async fn start_with(
     let store = Arc::new(store);
     let guard = guard_over(&store);
     let maintenance = guard.spawn_maintenance();
-    while guard.is_warming() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    guard.ready().await;
     let listener = tokio::net::TcpListener::bind(address).await?;
     let address = listener.local_addr()?;
     let service = make_app(Arc::clone(&store), guard.clone(), prometheus);

@@ -31,9 +31,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .maintenance_interval(Duration::from_millis(100))
         .build()?;
     let maintenance = guard.spawn_maintenance();
-    while guard.is_warming() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    guard.ready().await;
 
     // 97 % of lookups are for ids the store does not have.
     for i in 0..100_000u64 {

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
+use bloomguard::layer::PathKey;
 use bloomguard::{Guard, GuardLayer};
 use http::{Request, Response, StatusCode, Uri};
 use tower::{Layer, Service, service_fn};
@@ -64,12 +65,11 @@ fn the_loader_form_answers_absent_keys_without_allocating() {
 #[test]
 fn the_http_form_answers_404_without_allocating() {
     let guard = Guard::builder().expected_items(10_000).build().unwrap();
-    let mut service = GuardLayer::for_http(guard.clone(), |request: &Request<String>| {
-        request.uri().path().strip_prefix("/items/")
-    })
-    .layer(service_fn(|_request: Request<String>| async {
-        Ok::<_, Infallible>(Response::new(String::from("found")))
-    }));
+    let mut service = GuardLayer::for_http(guard.clone(), PathKey::route("/items/{id}")).layer(
+        service_fn(|_request: Request<String>| async {
+            Ok::<_, Infallible>(Response::new(String::from("found")))
+        }),
+    );
     let requests: Vec<Request<String>> = (0..1_000)
         .map(|i| {
             let path: &'static str = Box::leak(format!("/items/absent-{i}").into_boxed_str());

@@ -4,6 +4,8 @@
 #[allow(unreachable_pub, clippy::duplicated_attributes)]
 mod example;
 
+mod common;
+
 use std::net::SocketAddr;
 
 use metrics_exporter_prometheus::PrometheusBuilder;
@@ -108,4 +110,84 @@ async fn guarded_http_service_end_to_end() {
     stop.send(()).unwrap();
     running.server.await.unwrap().unwrap();
     running.maintenance.shutdown().await;
+}
+
+/// Ids that a URL must encode, as a client sends them and as the handler
+/// (axum's `Path`) and the store see them.
+const ENCODED_IDS: [(&str, &str); 6] = [
+    ("a%20b", "a b"),
+    ("caf%C3%A9", "café"),
+    ("j%C3%B6rg", "jörg"),
+    ("x%2Fy", "x/y"),
+    ("a+b", "a+b"),
+    ("%2B1", "+1"),
+];
+
+/// Writes every encoded id over HTTP, reads them back, rebuilds the guard
+/// from the store and reads them again: 200 each time. Before the guard's
+/// key was the decoded segment, the rebuild turned them into 404s.
+async fn encoded_ids_round_trip(running: &example::Running) {
+    let address = running.address;
+    for (encoded, _) in ENCODED_IDS {
+        let (status, _) = http(address, "POST", &format!("/items/{encoded}"), "v").await;
+        assert_eq!(status, 201, "POST {encoded}");
+    }
+    for (encoded, _) in ENCODED_IDS {
+        let (status, _) = http(address, "GET", &format!("/items/{encoded}"), "").await;
+        assert_eq!(status, 200, "GET {encoded} after the write");
+    }
+    running.guard.rebuild().await.unwrap();
+    for (encoded, decoded) in ENCODED_IDS {
+        let (status, body) = http(address, "GET", &format!("/items/{encoded}"), "").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (200, "v"),
+            "GET {encoded} ({decoded}) after a rebuild"
+        );
+    }
+    // An existing item, its id spelled with escapes.
+    let (status, body) = http(address, "GET", "/items/%34%32", "").await;
+    assert_eq!((status, body.as_str()), (200, "item 42"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_that_need_encoding_survive_writes_and_rebuilds() {
+    let prometheus = PrometheusBuilder::new().build_recorder().handle();
+    let running = example::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        prometheus,
+        std::future::pending(),
+    )
+    .await
+    .unwrap();
+    encoded_ids_round_trip(&running).await;
+    for (_, decoded) in ENCODED_IDS {
+        assert!(
+            running.store.items.contains_key(decoded),
+            "the store holds {decoded:?}"
+        );
+    }
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_that_need_encoding_survive_writes_and_rebuilds_on_redis() {
+    let Some(server) = common::redis_server::RedisServer::start() else {
+        eprintln!("SKIPPED: redis-server is not installed");
+        return;
+    };
+    let prometheus = PrometheusBuilder::new().build_recorder().handle();
+    let store = example::Store::seeded_in_redis(&server.url(), 100)
+        .await
+        .unwrap();
+    let running = example::start_with(
+        example::app,
+        store,
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        prometheus,
+        std::future::pending(),
+    )
+    .await
+    .unwrap();
+    encoded_ids_round_trip(&running).await;
 }

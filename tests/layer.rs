@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use bloomguard::layer::PathKey;
 use bloomguard::{Guard, GuardLayer, InsertLayer, Verdict};
 use http::{Method, Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
@@ -101,12 +102,6 @@ async fn poll_ready_is_the_inner_services() {
 
 type Body = String;
 
-fn item_id(request: &Request<Body>) -> Option<&str> {
-    (request.method() == Method::GET)
-        .then(|| request.uri().path().strip_prefix("/items/"))
-        .flatten()
-}
-
 fn http_backend(
     calls: Arc<AtomicUsize>,
 ) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone
@@ -132,8 +127,11 @@ fn get(path: &str) -> Request<Body> {
 async fn http_form_answers_404_and_classifies_responses() {
     let guard = guard_with(&["1", "2", "broken"]);
     let calls = Arc::new(AtomicUsize::new(0));
-    let service = GuardLayer::for_http(guard.clone(), |r: &Request<Body>| item_id(r))
-        .layer(http_backend(Arc::clone(&calls)));
+    let service = GuardLayer::for_http(
+        guard.clone(),
+        PathKey::route("/items/{id}").method(Method::GET),
+    )
+    .layer(http_backend(Arc::clone(&calls)));
 
     // Absent: 404 with an empty body, no call.
     let response = service.clone().oneshot(get("/items/nope")).await.unwrap();
@@ -162,7 +160,7 @@ async fn http_form_answers_404_and_classifies_responses() {
 #[tokio::test]
 async fn the_absent_response_is_configurable() {
     let guard = guard_with(&[]);
-    let service = GuardLayer::for_http(guard, |r: &Request<Body>| item_id(r))
+    let service = GuardLayer::for_http(guard, PathKey::route("/items/{id}"))
         .with_absent_response(|| {
             let mut response = Response::new(String::from("no such item"));
             *response.status_mut() = StatusCode::GONE;
@@ -192,11 +190,10 @@ async fn the_insert_layer_inserts_before_the_inner_service_writes() {
             async move { Ok::<_, Infallible>(Response::new(String::new())) }
         })
     };
-    let service = InsertLayer::for_http(guard.clone(), |r: &Request<Body>| {
-        (r.method() == Method::POST)
-            .then(|| r.uri().path().strip_prefix("/items/"))
-            .flatten()
-    })
+    let service = InsertLayer::for_http(
+        guard.clone(),
+        PathKey::route("/items/{id}").method(Method::POST),
+    )
     .layer(writer);
     for id in 0..100 {
         let request = Request::post(format!("/items/new-{id}"))

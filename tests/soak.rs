@@ -68,7 +68,10 @@ fn resident_mib() -> u64 {
 async fn soak_keeps_the_one_rule_and_flat_memory() {
     let seconds: u64 = std::env::var("BLOOMGUARD_SOAK_SECS")
         .ok()
-        .map(|s| s.parse().expect("BLOOMGUARD_SOAK_SECS is a number of seconds"))
+        .map(|s| {
+            s.parse()
+                .expect("BLOOMGUARD_SOAK_SECS is a number of seconds")
+        })
         .unwrap_or(60);
     let run_for = Duration::from_secs(seconds);
     let store: Store = Arc::default();
@@ -211,7 +214,10 @@ async fn soak_keeps_the_one_rule_and_flat_memory() {
     println!("soak resident MiB, once a second: {resident:?}");
     assert_eq!(counts.false_negatives.load(Ordering::Relaxed), 0);
     assert!(counts.writes.load(Ordering::Relaxed) > 10_000);
-    assert!(rebuild_stats.rebuilds.succeeded >= seconds, "{rebuild_stats:?}");
+    assert!(
+        rebuild_stats.rebuilds.succeeded >= seconds,
+        "{rebuild_stats:?}"
+    );
     assert!(rotate_stats.generation >= seconds, "{rotate_stats:?}");
     assert!(
         high - low <= 64,

@@ -230,12 +230,7 @@ pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error
     let guard = build_guard(&args, &store, expected)?;
     let maintenance = Maintenance::start(guard.clone());
     let started = Instant::now();
-    while guard.is_warming() {
-        if started.elapsed() > Duration::from_secs(300) {
-            return Err("the guard's first build did not finish in 5 minutes".into());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    guard.ready_within(Duration::from_secs(300)).await?;
     let stats = guard.stats();
     println!(
         "guard: first build from the store in {:.1?}: {} keys, {:.1} MiB, k sized for {:.2} % (estimated {:.3} %)",

@@ -31,6 +31,25 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
 /// logs at ERROR, [`panicked`](Self::panicked) turns true and
 /// [`GuardStats::maintenance_running`](crate::GuardStats::maintenance_running)
 /// false: no rebuild or rotation happens until a new task is spawned.
+///
+/// Keep the handle; a statement that drops it is flagged by the compiler:
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let guard = bloomguard::Guard::builder().build().unwrap();
+/// guard.spawn_maintenance(); // dropped at once: the task stops, a guard with a source stays warming
+/// # });
+/// ```
+///
+/// ```
+/// #![deny(unused_must_use)]
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let guard = bloomguard::Guard::builder().build().unwrap();
+/// let maintenance = guard.spawn_maintenance(); // runs until shut down or dropped
+/// maintenance.shutdown().await;
+/// # });
+/// ```
 #[derive(Debug)]
 #[must_use = "dropping the handle stops the maintenance task at once (a guard with a source then stays warming): keep it for as long as the guard serves"]
 pub struct MaintenanceHandle {

@@ -2,7 +2,10 @@
 
 use std::fmt;
 
-use http::{Request, Response, StatusCode};
+use std::borrow::Cow;
+
+use http::{Method, Request, Response, StatusCode};
+use percent_encoding::percent_decode_str;
 
 use super::{GuardLayer, GuardPolicy};
 use crate::guard::Guard;
@@ -10,21 +13,187 @@ use crate::guard::Guard;
 /// Picks the key of an HTTP request, or `None` to let it through unguarded
 /// (other routes, other methods).
 ///
-/// Implemented for closures `Fn(&Request<B>) -> Option<&str>` that borrow
-/// the key from the request, so that taking it allocates nothing:
-/// `|req: &Request<Body>| req.uri().path().strip_prefix("/items/")`.
+/// The guard's key and the store's key must be the same bytes, or the guard
+/// answers 404 for items that exist. A router hands its handlers the
+/// *decoded* path segment (`/items/caf%C3%A9` → `café`), so the key must be
+/// decoded the same way: [`PathKey`] does that for a route template, and is
+/// what most services want. For anything else, implement this trait, or
+/// wrap a closure with [`key_fn`]; return a borrowed key where you can (the
+/// absent path then allocates nothing) and an owned one where you must.
 pub trait HttpKey<B>: Send + Sync + 'static {
     /// The key of `request`, if it has one.
-    fn key<'r>(&self, request: &'r Request<B>) -> Option<&'r str>;
+    fn key<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>>;
 }
 
-impl<B, F> HttpKey<B> for F
+/// A closure as an [`HttpKey`], from [`key_fn`].
+#[derive(Clone, Copy)]
+pub struct KeyFn<F>(F);
+
+/// Makes a closure `|req| -> Option<Cow<str>>` an [`HttpKey`] (the bound
+/// here lets Rust infer a key borrowed from the request).
+///
+/// ```
+/// use std::borrow::Cow;
+/// use axum::{body::Body, http::Request};
+/// use bloomguard::layer::key_fn;
+///
+/// // The tenant header and the decoded id, as the store names the item.
+/// let key = key_fn(|req: &Request<Body>| {
+///     let tenant = req.headers().get("x-tenant")?.to_str().ok()?;
+///     let id = req.uri().path().strip_prefix("/items/")?;
+///     let id = percent_encoding::percent_decode_str(id).decode_utf8().ok()?;
+///     Some(Cow::Owned(format!("{tenant}:{id}")))
+/// });
+/// # let _ = key;
+/// ```
+pub fn key_fn<B, F>(key: F) -> KeyFn<F>
 where
-    F: for<'r> Fn(&'r Request<B>) -> Option<&'r str> + Send + Sync + 'static,
+    F: for<'r> Fn(&'r Request<B>) -> Option<Cow<'r, str>> + Send + Sync + 'static,
+{
+    KeyFn(key)
+}
+
+impl<B, F> HttpKey<B> for KeyFn<F>
+where
+    F: for<'r> Fn(&'r Request<B>) -> Option<Cow<'r, str>> + Send + Sync + 'static,
 {
     #[inline]
-    fn key<'r>(&self, request: &'r Request<B>) -> Option<&'r str> {
-        self(request)
+    fn key<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
+        (self.0)(request)
+    }
+}
+
+impl<F> fmt::Debug for KeyFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyFn").finish_non_exhaustive()
+    }
+}
+
+/// The key of a route's one path parameter, decoded as axum's `Path`
+/// extractor decodes it: the raw segment percent-decoded (`%20` → space,
+/// `%2F` → `/`, `+` left as it is), and `None` where that is not UTF-8 (axum
+/// rejects those requests itself). So the guard sees the very `id` that a
+/// handler taking `Path(id): Path<String>` sees, and a store key made from
+/// it by one function ([`map`](Self::map)) agrees on both sides.
+///
+/// A segment that needs no decoding is borrowed: the absent path of a plain
+/// id allocates nothing.
+///
+/// ```
+/// use axum::http::{Method, Request};
+/// use bloomguard::layer::{HttpKey, PathKey};
+///
+/// let key = PathKey::route("/items/{id}").method(Method::GET);
+/// let request = |uri: &str| Request::get(uri).body(()).unwrap();
+/// assert_eq!(key.key(&request("/items/42")).as_deref(), Some("42"));
+/// assert_eq!(key.key(&request("/items/caf%C3%A9")).as_deref(), Some("café"));
+/// assert_eq!(key.key(&request("/items/a%20b")).as_deref(), Some("a b"));
+/// assert_eq!(key.key(&request("/items/x%2Fy")).as_deref(), Some("x/y"));
+/// assert_eq!(key.key(&request("/items/a+b")).as_deref(), Some("a+b"));
+/// assert_eq!(key.key(&request("/users/42")), None); // another route
+///
+/// // One function names the item for the guard and for the store.
+/// fn item_key(id: &str) -> String { format!("item:{id}") }
+/// let key = PathKey::route("/items/{id}").map(item_key);
+/// assert_eq!(key.key(&request("/items/%34%32")).as_deref(), Some("item:42"));
+/// ```
+#[derive(Clone)]
+pub struct PathKey {
+    method: Option<Method>,
+    /// The template's segments after the leading `/`; `None` marks the parameter.
+    segments: Vec<Option<String>>,
+    map: Option<fn(&str) -> String>,
+}
+
+impl PathKey {
+    /// Matches paths of `template`: literal segments and one `{name}`
+    /// parameter, as axum spells routes (`"/items/{id}"`,
+    /// `"/users/{user}/seen"`).
+    ///
+    /// # Panics
+    /// If the template does not start with `/` or has no parameter or more
+    /// than one: a programming error, caught the first time the service is
+    /// built.
+    pub fn route(template: &str) -> Self {
+        let rest = template
+            .strip_prefix('/')
+            .unwrap_or_else(|| panic!("route {template:?} must start with '/'"));
+        let segments: Vec<Option<String>> = rest
+            .split('/')
+            .map(|segment| {
+                let is_parameter = segment.starts_with('{') && segment.ends_with('}');
+                (!is_parameter).then(|| segment.to_owned())
+            })
+            .collect();
+        let parameters = segments.iter().filter(|s| s.is_none()).count();
+        assert!(
+            parameters == 1,
+            "route {template:?} must have exactly one {{parameter}}, has {parameters}"
+        );
+        Self {
+            method: None,
+            segments,
+            map: None,
+        }
+    }
+
+    /// Only requests of this method have a key; others pass through.
+    #[must_use]
+    pub fn method(mut self, method: Method) -> Self {
+        self.method = Some(method);
+        self
+    }
+
+    /// Turns the decoded parameter into the key the store uses (a prefix,
+    /// a namespace). Use the same function where the handler builds the
+    /// store key. The key is then owned: one allocation per guarded request.
+    #[must_use]
+    pub fn map(mut self, to_key: fn(&str) -> String) -> Self {
+        self.map = Some(to_key);
+        self
+    }
+
+    /// The decoded parameter of `path`, if `path` is this route.
+    pub fn parameter<'p>(&self, path: &'p str) -> Option<Cow<'p, str>> {
+        let mut parts = path.strip_prefix('/')?.split('/');
+        let mut parameter = None;
+        for segment in &self.segments {
+            let part = parts.next()?;
+            match segment {
+                Some(literal) if literal == part => {}
+                Some(_) => return None,
+                None if part.is_empty() => return None,
+                None => parameter = Some(part),
+            }
+        }
+        if parts.next().is_some() {
+            return None;
+        }
+        percent_decode_str(parameter?).decode_utf8().ok()
+    }
+}
+
+impl<B> HttpKey<B> for PathKey {
+    #[inline]
+    fn key<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
+        if self.method.as_ref().is_some_and(|m| m != request.method()) {
+            return None;
+        }
+        let parameter = self.parameter(request.uri().path())?;
+        Some(match self.map {
+            Some(to_key) => Cow::Owned(to_key(&parameter)),
+            None => parameter,
+        })
+    }
+}
+
+impl fmt::Debug for PathKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PathKey")
+            .field("method", &self.method)
+            .field("segments", &self.segments)
+            .field("mapped", &self.map.is_some())
+            .finish()
     }
 }
 
@@ -55,8 +224,11 @@ impl<B, ResBody, K: HttpKey<B>> GuardPolicy<Request<B>, Response<ResBody>>
     for HttpPolicy<K, ResBody>
 {
     #[inline]
-    fn key<'r>(&self, request: &'r Request<B>) -> Option<&'r [u8]> {
-        self.key.key(request).map(str::as_bytes)
+    fn key<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, [u8]>> {
+        Some(match self.key.key(request)? {
+            Cow::Borrowed(key) => Cow::Borrowed(key.as_bytes()),
+            Cow::Owned(key) => Cow::Owned(key.into_bytes()),
+        })
     }
 
     #[inline]
@@ -85,31 +257,28 @@ impl<K, ResBody> fmt::Debug for HttpPolicy<K, ResBody> {
 
 impl<K, ResBody> GuardLayer<HttpPolicy<K, ResBody>> {
     /// Guards `http` services (axum routers and handlers, hyper services):
-    /// `key` picks the key of a request, and a key the guard rules out is
-    /// answered 404 with an empty body, without calling the service. After
-    /// `MaybePresent`, a 404 from the service counts as a false positive
-    /// and a 2xx as found.
+    /// `key` picks the key of a request (usually a [`PathKey`]), and a key
+    /// the guard rules out is answered 404 with an empty body, without
+    /// calling the service. After `MaybePresent`, a 404 from the service
+    /// counts as a false positive and a 2xx as found.
     ///
     /// ```
-    /// use axum::{Router, body::Body, extract::Path, http::Request, routing::get};
-    /// use bloomguard::{Guard, GuardLayer};
+    /// use axum::{Router, extract::Path, http::Method, routing::get};
+    /// use bloomguard::{Guard, GuardLayer, layer::PathKey};
     ///
     /// let guard = Guard::builder().expected_items(1_000_000).build()?;
     /// let app: Router = Router::new()
+    ///     // The guard's key is the decoded `{id}`, the very string the handler gets.
     ///     .route("/items/{id}", get(|Path(id): Path<String>| async move { id }))
-    ///     .layer(GuardLayer::for_http(guard, |req: &Request<Body>| {
-    ///         req.uri().path().strip_prefix("/items/")
-    ///     }));
+    ///     .layer(GuardLayer::for_http(guard, PathKey::route("/items/{id}").method(Method::GET)));
     /// # let _ = app;
     /// # Ok::<(), bloomguard::ConfigError>(())
     /// ```
     ///
-    /// The bound is on the closure itself so that Rust infers a key borrowed
-    /// from the request; a key type of your own goes through
-    /// [`HttpPolicy::new`] and [`GuardLayer::with_policy`].
-    pub fn for_http<B>(guard: Guard, key: K) -> Self
+    /// `K` is an [`HttpKey`] of the requests the service takes, checked where
+    /// the layer is applied.
+    pub fn for_http(guard: Guard, key: K) -> Self
     where
-        K: for<'r> Fn(&'r Request<B>) -> Option<&'r str> + Send + Sync + 'static,
         ResBody: Default,
     {
         Self::with_policy(guard, HttpPolicy::new(key))

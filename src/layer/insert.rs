@@ -20,15 +20,13 @@ use crate::guard::{Guard, PendingWrite};
 /// running meanwhile waits for it (see [`PendingWrite`]).
 ///
 /// ```
-/// use axum::{Router, body::Body, http::{Method, Request}, routing::post};
-/// use bloomguard::{Guard, InsertLayer};
+/// use axum::{Router, http::Method, routing::post};
+/// use bloomguard::{Guard, InsertLayer, layer::PathKey};
 ///
 /// let guard = Guard::builder().expected_items(1_000_000).build()?;
 /// let app: Router = Router::new()
 ///     .route("/items/{id}", post(|| async { "created" }))
-///     .layer(InsertLayer::for_http(guard, |req: &Request<Body>| {
-///         (req.method() == Method::POST).then(|| req.uri().path().strip_prefix("/items/")).flatten()
-///     }));
+///     .layer(InsertLayer::for_http(guard, PathKey::route("/items/{id}").method(Method::POST)));
 /// # let _ = app;
 /// # Ok::<(), bloomguard::ConfigError>(())
 /// ```
@@ -40,10 +38,8 @@ pub struct InsertLayer<K> {
 impl<K> InsertLayer<K> {
     /// Inserts the key `key` picks from each `http` request (requests
     /// without one pass through).
-    pub fn for_http<B>(guard: Guard, key: K) -> Self
-    where
-        K: for<'r> Fn(&'r Request<B>) -> Option<&'r str> + Send + Sync + 'static,
-    {
+    /// `K` is an [`HttpKey`] of the requests the service takes.
+    pub fn for_http(guard: Guard, key: K) -> Self {
         Self {
             guard,
             key: Arc::new(key),
@@ -122,7 +118,7 @@ where
         let pending = self
             .key
             .key(&request)
-            .map(|key| self.guard.begin_write(key));
+            .map(|key| self.guard.begin_write(key.as_bytes()));
         InsertFuture {
             future: self.inner.call(request),
             pending,

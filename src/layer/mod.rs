@@ -44,6 +44,7 @@ mod future;
 mod http;
 mod insert;
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -52,7 +53,7 @@ use tower::{Layer, Service};
 
 use crate::guard::{Guard, GuardReader, Verdict};
 pub use future::ResponseFuture;
-pub use http::{HttpKey, HttpPolicy};
+pub use http::{HttpKey, HttpPolicy, KeyFn, PathKey, key_fn};
 pub use insert::{InsertFuture, InsertLayer, InsertService};
 
 /// How a [`GuardService`] reads a request and its response: the key, the
@@ -61,9 +62,10 @@ pub use insert::{InsertFuture, InsertLayer, InsertService};
 /// [`LoaderPolicy`] and [`HttpPolicy`] are the ready-made ones; implement it
 /// for other request shapes.
 pub trait GuardPolicy<Request, Response> {
-    /// The request's key, borrowed from it; `None` when the request has no
-    /// key and passes through unguarded.
-    fn key<'r>(&self, request: &'r Request) -> Option<&'r [u8]>;
+    /// The request's key: borrowed from it where it can be (no allocation),
+    /// owned where it must be made (a decoded id, a prefix); `None` when the
+    /// request has no key and passes through unguarded.
+    fn key<'r>(&self, request: &'r Request) -> Option<Cow<'r, [u8]>>;
 
     /// The response for a request whose key is absent. Called on the hot
     /// path: it should not allocate.
@@ -81,8 +83,8 @@ pub struct LoaderPolicy;
 
 impl<K: AsRef<[u8]>, V> GuardPolicy<K, Option<V>> for LoaderPolicy {
     #[inline]
-    fn key<'r>(&self, key: &'r K) -> Option<&'r [u8]> {
-        Some(key.as_ref())
+    fn key<'r>(&self, key: &'r K) -> Option<Cow<'r, [u8]>> {
+        Some(Cow::Borrowed(key.as_ref()))
     }
 
     #[inline]
@@ -213,18 +215,19 @@ where
             return ResponseFuture::passed_through(self.inner.call(request));
         };
         let verdict = match &mut self.reader {
-            Reader::Cached(reader) => reader.check(key),
+            Reader::Cached(reader) => reader.check(&key),
             Reader::UsedOnce => {
                 let mut reader = self.guard.reader();
-                let verdict = reader.check(key);
+                let verdict = reader.check(&key);
                 self.reader = Reader::Cached(reader);
                 verdict
             }
             Reader::Unused => {
                 self.reader = Reader::UsedOnce;
-                self.guard.check(key)
+                self.guard.check(&key)
             }
         };
+        drop(key);
         match verdict {
             Verdict::Absent => ResponseFuture::absent(self.policy.absent_response()),
             verdict => ResponseFuture::called::<Request>(

@@ -150,16 +150,24 @@ async fn encoded_ids_round_trip(running: &example::Running) {
     assert_eq!((status, body.as_str()), (200, "item 42"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ids_that_need_encoding_survive_writes_and_rebuilds() {
+/// The example's service over `store`, on a loopback port, until the test ends.
+async fn serve(store: example::Store) -> example::Running {
     let prometheus = PrometheusBuilder::new().build_recorder().handle();
-    let running = example::start(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
+    let address = SocketAddr::from(([127, 0, 0, 1], 0));
+    example::start_with(
+        example::app,
+        store,
+        address,
         prometheus,
         std::future::pending(),
     )
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_that_need_encoding_survive_writes_and_rebuilds() {
+    let running = serve(example::Store::seeded(100)).await;
     encoded_ids_round_trip(&running).await;
     for (_, decoded) in ENCODED_IDS {
         assert!(
@@ -176,18 +184,8 @@ async fn ids_that_need_encoding_survive_writes_and_rebuilds_on_redis() {
         eprintln!("SKIPPED: redis-server is not installed");
         return;
     };
-    let prometheus = PrometheusBuilder::new().build_recorder().handle();
     let store = example::Store::seeded_in_redis(&server.url(), 100)
         .await
         .unwrap();
-    let running = example::start_with(
-        example::app,
-        store,
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        prometheus,
-        std::future::pending(),
-    )
-    .await
-    .unwrap();
-    encoded_ids_round_trip(&running).await;
+    encoded_ids_round_trip(&serve(store).await).await;
 }

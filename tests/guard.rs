@@ -924,7 +924,11 @@ async fn a_merge_into_a_warming_guard_keeps_it_warming_until_its_first_build() {
         .await
         .expect("the first build still runs after a merge");
     assert_all_present(&guard, &stored, "after the first build");
-    assert_eq!(guard.stats().rebuilds.succeeded, 1);
+    // `ready` may see the swap before the build's record lands in the stats.
+    wait_until("the build's record", || {
+        guard.stats().rebuilds.succeeded == 1
+    })
+    .await;
     maintenance.shutdown().await;
 }
 

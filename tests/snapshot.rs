@@ -310,11 +310,12 @@ proptest! {
         let mut bytes = original.clone();
         for mutation in mutations {
             match mutation {
-                Mutation::FlipBit(at, bit) => {
+                Mutation::FlipBit(at, bit) if !bytes.is_empty() => {
                     let i = at.index(bytes.len());
                     bytes[i] ^= 1 << bit;
                 }
-                Mutation::Truncate(at) => bytes.truncate(at.index(bytes.len())),
+                Mutation::Truncate(at) if !bytes.is_empty() => bytes.truncate(at.index(bytes.len())),
+                Mutation::FlipBit(..) | Mutation::Truncate(_) => {}
                 Mutation::Extend(extra) => bytes.extend(extra),
                 Mutation::HeaderField(field, value) if bytes.len() >= 64 => {
                     let (offset, edges) = HEADER_EDGES[field.index(HEADER_EDGES.len())];

@@ -253,6 +253,11 @@ impl Guard {
         #[cfg(feature = "metrics")]
         crate::metrics::record_rebuild(&self.inner.name, &report);
         history.last_rebuild = Some(report);
+        drop(history);
+        if built.is_some() {
+            // After the record, so that a woken `ready()` sees the build in the stats.
+            self.inner.left_warming.notify_waiters();
+        }
     }
 }
 
@@ -309,7 +314,6 @@ impl<'a> Installed<'a> {
             rebuilt.shadow = None;
             inner.live.store(Arc::new(rebuilt));
         }
-        inner.left_warming.notify_waiters();
         // Writes that counted on this shadow while it was being built are
         // in the live filter now, but not in the next rebuild's: that one
         // must wait for them as well.

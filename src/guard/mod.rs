@@ -541,8 +541,13 @@ impl Guard {
         let Lifecycle::Rotate { generations, .. } = self.inner.lifecycle else {
             return Ok(());
         };
-        let fresh = self.new_generation(self.inner.expected_items, self.first_filter_rate())?;
+        let rate = self.first_filter_rate();
+        let filter = self.new_filter(self.inner.expected_items, rate)?;
         let _swap = self.lock_swaps();
+        // Opened (and timed) under the swap lock: an insert that loaded the
+        // set before this swap began before `opened_at`, so the window its
+        // key is kept for is counted from no later than its insert.
+        let fresh = Generation::new(filter, self.inner.expected_items, rate);
         let live = self.inner.live.load();
         if live.warming {
             // The first build opens the first generation.

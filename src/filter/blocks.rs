@@ -9,7 +9,7 @@
 //! filter is then ready in microseconds and grows resident as inserts touch
 //! it (`tests/hostile_input.rs` checks the resident size).
 
-use std::alloc::{Layout, alloc_zeroed, dealloc, handle_alloc_error};
+use std::alloc::{Layout, dealloc};
 use std::fmt;
 use std::ops::Deref;
 use std::ptr::NonNull;
@@ -44,6 +44,7 @@ impl Blocks {
     /// `count` zeroed blocks, lazily mapped.
     #[cfg(not(bloomguard_loom))]
     pub(super) fn zeroed(count: usize) -> Self {
+        use std::alloc::{alloc_zeroed, handle_alloc_error};
         const MIN_ALIGN: usize = 16;
         let padding = std::mem::align_of::<Block>() - MIN_ALIGN;
         let bytes = std::mem::size_of::<Block>()

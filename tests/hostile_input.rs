@@ -89,6 +89,17 @@ fn crafted_for_one_block(shape: &AtomicBloom, prefix: &str, count: usize) -> Vec
         .collect()
 }
 
+/// Inserts `inserted` into `guard`, then counts the `probes` it lets through.
+fn probes_passing_after(guard: &Guard, inserted: &[String], probes: &[String]) -> usize {
+    for key in inserted {
+        guard.insert(key);
+    }
+    probes
+        .iter()
+        .filter(|k| guard.check(k) == Verdict::MaybePresent)
+        .count()
+}
+
 #[test]
 fn a_known_seed_lets_crafted_keys_defeat_the_guard_and_the_stats_notice() {
     const SEED: u64 = 42;
@@ -102,13 +113,7 @@ fn a_known_seed_lets_crafted_keys_defeat_the_guard_and_the_stats_notice() {
         .seed(SEED)
         .build()
         .unwrap();
-    for key in &inserted {
-        known.insert(key);
-    }
-    let passed = probes
-        .iter()
-        .filter(|k| known.check(k) == Verdict::MaybePresent)
-        .count();
+    let passed = probes_passing_after(&known, &inserted, &probes);
     assert_eq!(passed, probes.len(), "crafted absent keys all pass");
     let stats = known.stats();
     assert!(
@@ -122,13 +127,7 @@ fn a_known_seed_lets_crafted_keys_defeat_the_guard_and_the_stats_notice() {
 
     // The seed is secret (random): the same keys spread like any others.
     let secret = Guard::builder().expected_items(10_000).build().unwrap();
-    for key in &inserted {
-        secret.insert(key);
-    }
-    let passed = probes
-        .iter()
-        .filter(|k| secret.check(k) == Verdict::MaybePresent)
-        .count();
+    let passed = probes_passing_after(&secret, &inserted, &probes);
     assert!(passed < 30, "{passed} of 1000 crafted absent keys pass");
     let stats = secret.stats();
     assert!(

@@ -218,12 +218,13 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let was = self.tasks.fetch_sub(1, Ordering::Relaxed);
+        let last = self.tasks.fetch_sub(1, Ordering::Relaxed) == 1;
         #[cfg(feature = "metrics")]
-        if was == 1 {
+        if last {
             crate::metrics::record_maintenance_stopped(&self.guard);
         }
-        let _ = was;
+        #[cfg(not(feature = "metrics"))]
+        let _ = last;
     }
 }
 

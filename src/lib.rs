@@ -15,6 +15,7 @@ pub mod redis;
 mod stats;
 mod sync;
 mod task;
+pub mod verify;
 
 pub use error::{ConfigError, DecodeError, IncompatibleFilters, StillWarming};
 pub use filter::{AtomicBloom, FORMAT_VERSION, FilterBuilder, FilterStats, Plan, plan};
@@ -25,3 +26,4 @@ pub use guard::{
 };
 pub use layer::{GuardLayer, GuardService, InsertLayer, InsertService};
 pub use loader::{GuardedLoader, Loader};
+pub use verify::Verify;

@@ -37,7 +37,9 @@ use dashmap::mapref::entry::Entry;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::error::ConfigError;
 use crate::guard::{Guard, Verdict};
+use crate::verify::Verify;
 
 /// An async lookup in the store behind a guard: `Ok(None)` when the key is
 /// not there.
@@ -123,6 +125,19 @@ pub type Loaded<V, E> = Result<Option<V>, Arc<E>>;
 /// Cheap to clone (an `Arc` inside). See the [module docs](self).
 pub struct GuardedLoader<K, L: Loader<K>> {
     inner: Arc<Inner<K, L>>,
+    verify: Verify,
+    shadow: bool,
+}
+
+/// Where a checked key's answer comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Absent, without the backend.
+    Absent,
+    /// Present, trusted without the backend ([`Verify`]).
+    Trusted,
+    /// The backend answers.
+    Ask,
 }
 
 struct Inner<K, L: Loader<K>> {
@@ -156,7 +171,50 @@ where
                 loader,
                 in_flight: DashMap::new(),
             }),
+            verify: Verify::All,
+            shadow: false,
         }
+    }
+
+    /// Which `MaybePresent` answers [`contains`](Self::contains) and
+    /// [`contains_many`](Self::contains_many) check with the backend (see
+    /// [`Verify`]); [`get`](Self::get) and [`get_many`](Self::get_many)
+    /// always ask, since only the backend has the value.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use bloomguard::{Guard, GuardedLoader, Verify};
+    ///
+    /// let guard = Guard::builder().expected_items(1_000).build()?;
+    /// guard.insert("user:1:item:2");
+    /// let seen = GuardedLoader::new(guard.clone(), |_key: &'static str| async move {
+    ///     Ok::<Option<()>, std::io::Error>(unreachable!("trusted, never asked"))
+    /// })
+    /// .verify(Verify::None)?;
+    /// assert!(seen.contains("user:1:item:2").await?);
+    /// assert_eq!(guard.stats().unverified_positives, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// A [`Verify::Sample`] fraction outside `(0, 1]`.
+    pub fn verify(mut self, verify: Verify) -> Result<Self, ConfigError> {
+        self.verify = verify.checked()?;
+        Ok(self)
+    }
+
+    /// Shadow mode: every call goes to the backend whatever the guard says;
+    /// the verdicts are counted, and an `Absent` the backend contradicts is
+    /// counted as a would-be false negative
+    /// ([`GuardStats::would_be_false_negatives`](crate::GuardStats::would_be_false_negatives))
+    /// and logged. The calls the guard would have saved are
+    /// [`GuardStats::shadowed_absent`](crate::GuardStats::shadowed_absent).
+    /// For rolling a guard out: watch those two, then drop shadow mode.
+    #[must_use]
+    pub fn shadow(mut self) -> Self {
+        self.shadow = true;
+        self
     }
 
     /// Loads `key` unless the guard rules it out.
@@ -166,20 +224,32 @@ where
     /// backend call.
     pub async fn get(&self, key: K) -> Loaded<L::Value, L::Error> {
         let verdict = self.inner.guard.check(key.as_ref());
-        if self.is_ruled_out(&key, verdict) {
+        // `Verify::All` trusts nothing: every route but `Absent` asks.
+        if self.route(&key, verdict, Verify::All) == Route::Absent {
             return Ok(None);
         }
-        let (result, asked_at) = self.load_once(&key).await;
-        if let Ok(found) = &result {
-            self.record_answer(&key, verdict, found.is_some(), asked_at);
+        self.ask(&key, verdict).await
+    }
+
+    /// Whether `key` is in the store: `false` when the guard rules it out,
+    /// `true` for a "maybe" trusted by the [`verify`](Self::verify) policy,
+    /// otherwise what the backend answers.
+    ///
+    /// # Errors
+    /// The loader's error, shared with every caller that waited on the same
+    /// backend call.
+    pub async fn contains(&self, key: K) -> Result<bool, Arc<L::Error>> {
+        let verdict = self.inner.guard.check(key.as_ref());
+        match self.route(&key, verdict, self.verify) {
+            Route::Absent => Ok(false),
+            Route::Trusted => Ok(true),
+            Route::Ask => Ok(self.ask(&key, verdict).await?.is_some()),
         }
-        result
     }
 
     /// Loads each of `keys` the guard does not rule out, with one
     /// [`Loader::load_many`] call for all of them; answers in the order of
-    /// `keys`. This is the seen-items gate: ~120 candidates per request, one
-    /// `check_many`, and one `MGET` for the few that may be there.
+    /// `keys`.
     ///
     /// Batches are not coalesced with other calls. With no key left to load,
     /// the backend is not called at all.
@@ -189,12 +259,12 @@ where
     /// use bloomguard::{Guard, GuardedLoader};
     ///
     /// let guard = Guard::builder().expected_items(1_000).build()?;
-    /// guard.insert("user:1:item:2");
+    /// guard.insert("item:2");
     /// let loader = GuardedLoader::new(guard, |key: &'static str| async move {
-    ///     Ok::<_, std::io::Error>((key == "user:1:item:2").then_some(()))
+    ///     Ok::<_, std::io::Error>((key == "item:2").then_some("a lamp"))
     /// });
-    /// let seen = loader.get_many(&["user:1:item:2", "user:1:item:3"]).await?;
-    /// assert_eq!(seen, [Some(()), None]);
+    /// let items = loader.get_many(&["item:2", "item:3"]).await?;
+    /// assert_eq!(items, [Some("a lamp"), None]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
@@ -202,14 +272,62 @@ where
     /// # Errors
     /// The loader's error: the whole batch fails, and nothing is counted.
     pub async fn get_many(&self, keys: &[K]) -> Result<Vec<Option<L::Value>>, Arc<L::Error>> {
+        let (_, values) = self.load_routed(keys, Verify::All).await?;
+        Ok(values)
+    }
+
+    /// Whether each of `keys` is in the store, in their order: one
+    /// `check_many`, then one [`Loader::load_many`] call for the keys that
+    /// the guard passes and the [`verify`](Self::verify) policy does not
+    /// trust. This is the seen-items gate: ~120 candidates per request, and
+    /// one `MGET` for the few "maybe" ones (with [`Verify::Sample`], for
+    /// a sampled few of them).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use bloomguard::{Guard, GuardedLoader};
+    ///
+    /// let guard = Guard::builder().expected_items(1_000).build()?;
+    /// guard.insert("user:1:item:2");
+    /// let seen = GuardedLoader::new(guard, |key: &'static str| async move {
+    ///     Ok::<_, std::io::Error>((key == "user:1:item:2").then_some(()))
+    /// });
+    /// let answers = seen.contains_many(&["user:1:item:2", "user:1:item:3"]).await?;
+    /// assert_eq!(answers, [true, false]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// The loader's error: the whole batch fails, and nothing is counted.
+    pub async fn contains_many(&self, keys: &[K]) -> Result<Vec<bool>, Arc<L::Error>> {
+        let (routes, values) = self.load_routed(keys, self.verify).await?;
+        Ok(routes
+            .iter()
+            .zip(&values)
+            .map(|(&route, value)| route == Route::Trusted || value.is_some())
+            .collect())
+    }
+
+    /// Checks `keys`, routes each, and loads the ones to ask in one batch.
+    async fn load_routed(
+        &self,
+        keys: &[K],
+        verify: Verify,
+    ) -> Result<(Vec<Route>, Vec<Option<L::Value>>), Arc<L::Error>> {
         let mut verdicts = vec![Verdict::Warming; keys.len()];
         self.inner.guard.check_many(keys, &mut verdicts);
+        let routes: Vec<Route> = keys
+            .iter()
+            .zip(&verdicts)
+            .map(|(key, &verdict)| self.route(key, verdict, verify))
+            .collect();
         let asked: Vec<usize> = (0..keys.len())
-            .filter(|&index| !self.is_ruled_out(&keys[index], verdicts[index]))
+            .filter(|&index| routes[index] == Route::Ask)
             .collect();
         let mut values: Vec<Option<L::Value>> = vec![None; keys.len()];
         if asked.is_empty() {
-            return Ok(values);
+            return Ok((routes, values));
         }
         let asked_at = Instant::now();
         let loaded = self
@@ -222,27 +340,49 @@ where
             self.record_answer(&keys[index], verdicts[index], value.is_some(), asked_at);
             values[index] = value;
         }
-        Ok(values)
+        Ok((routes, values))
     }
 
-    /// Whether `key` is answered absent without the backend: the filter
-    /// ruled it out, or the backend confirmed it absent after a false
-    /// positive (counted as a hit of that cache).
-    fn is_ruled_out(&self, key: &K, verdict: Verdict) -> bool {
+    /// Where the answer for `key`, checked `verdict`, comes from; counts a
+    /// hit of the confirmed-absent cache, a trusted positive, or an absent
+    /// answer passed on in shadow mode.
+    fn route(&self, key: &K, verdict: Verdict, verify: Verify) -> Route {
         let guard = &self.inner.guard;
+        if self.shadow {
+            if verdict == Verdict::Absent {
+                guard.count_shadowed_absent();
+            }
+            return Route::Ask;
+        }
         match verdict {
-            Verdict::Absent => true,
+            Verdict::Absent => Route::Absent,
+            Verdict::Warming => Route::Ask,
             Verdict::MaybePresent => {
+                // A false positive the backend confirmed: absent without it.
                 let confirmed = guard
                     .confirmed_absent()
                     .is_some_and(|confirmed| confirmed.is_absent(key.as_ref()));
                 if confirmed {
                     guard.count_confirmed_absent_hit();
+                    Route::Absent
+                } else if verify.verifies(key.as_ref()) {
+                    Route::Ask
+                } else {
+                    guard.count_unverified_positive();
+                    Route::Trusted
                 }
-                confirmed
             }
-            Verdict::Warming => false,
         }
+    }
+
+    /// Asks the backend about `key` (coalesced with concurrent asks) and
+    /// counts its answer.
+    async fn ask(&self, key: &K, verdict: Verdict) -> Loaded<L::Value, L::Error> {
+        let (result, asked_at) = self.load_once(key).await;
+        if let Ok(found) = &result {
+            self.record_answer(key, verdict, found.is_some(), asked_at);
+        }
+        result
     }
 
     /// Counts the backend's answer for `key` (asked at `asked_at`) and
@@ -343,6 +483,8 @@ impl<K, L: Loader<K>> Clone for GuardedLoader<K, L> {
     fn clone(&self) -> Self {
         Self {
             inner: Arc::clone(&self.inner),
+            verify: self.verify,
+            shadow: self.shadow,
         }
     }
 }
@@ -351,6 +493,8 @@ impl<K: Hash + Eq, L: Loader<K>> fmt::Debug for GuardedLoader<K, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GuardedLoader")
             .field("guard", &self.inner.guard)
+            .field("verify", &self.verify)
+            .field("shadow", &self.shadow)
             .field("in_flight", &self.inner.in_flight.len())
             .finish_non_exhaustive()
     }

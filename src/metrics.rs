@@ -53,6 +53,16 @@ pub const REDUNDANT_INSERTS_TOTAL: &str = "bloomguard_redundant_inserts_total";
 pub const WARMING: &str = "bloomguard_warming";
 /// 1 while a maintenance task runs; 0 once it stopped or died.
 pub const MAINTENANCE_RUNNING: &str = "bloomguard_maintenance_running";
+/// `MaybePresent` answers trusted as present without a backend call (`Verify`).
+pub const UNVERIFIED_POSITIVES_TOTAL: &str = "bloomguard_unverified_positives_total";
+/// Trusted positives estimated false: absent keys answered present.
+pub const OVER_FILTERED: &str = "bloomguard_over_filtered";
+/// Over-filtered keys ÷ absent keys checked.
+pub const OVER_FILTERING_RATIO: &str = "bloomguard_over_filtering_ratio";
+/// `Absent` answers passed on to the backend anyway (shadow mode).
+pub const SHADOWED_ABSENT_TOTAL: &str = "bloomguard_shadowed_absent_total";
+/// Keys the backend found after an `Absent` answer in shadow mode.
+pub const WOULD_BE_FALSE_NEGATIVES_TOTAL: &str = "bloomguard_would_be_false_negatives_total";
 
 /// Describes every metric (name, unit, help) to the installed recorder;
 /// [`Guard::publish_metrics`] calls it each time, so a recorder installed
@@ -123,6 +133,31 @@ pub fn describe() {
         Unit::Count,
         "1 while a maintenance task runs, 0 once it stopped or died"
     );
+    describe_counter!(
+        UNVERIFIED_POSITIVES_TOTAL,
+        Unit::Count,
+        "Maybe-present verdicts trusted as present without a backend call"
+    );
+    describe_gauge!(
+        OVER_FILTERED,
+        Unit::Count,
+        "Trusted positives estimated false (absent keys answered present)"
+    );
+    describe_gauge!(
+        OVER_FILTERING_RATIO,
+        Unit::Count,
+        "Over-filtered keys / absent keys checked"
+    );
+    describe_counter!(
+        SHADOWED_ABSENT_TOTAL,
+        Unit::Count,
+        "Absent verdicts passed on to the backend in shadow mode (calls the guard would save)"
+    );
+    describe_counter!(
+        WOULD_BE_FALSE_NEGATIVES_TOTAL,
+        Unit::Count,
+        "Keys found by the backend after an absent verdict in shadow mode"
+    );
 }
 
 impl Guard {
@@ -167,8 +202,17 @@ impl Guard {
         counter!(REDUNDANT_INSERTS_TOTAL, "guard" => name.clone())
             .absolute(stats.redundant_inserts);
         gauge!(WARMING, "guard" => name.clone()).set(f64::from(u8::from(stats.warming)));
-        gauge!(MAINTENANCE_RUNNING, "guard" => name)
+        gauge!(MAINTENANCE_RUNNING, "guard" => name.clone())
             .set(f64::from(u8::from(stats.maintenance_running)));
+        counter!(UNVERIFIED_POSITIVES_TOTAL, "guard" => name.clone())
+            .absolute(stats.unverified_positives);
+        gauge!(OVER_FILTERED, "guard" => name.clone()).set(stats.over_filtered);
+        if let Some(rate) = stats.over_filtering_rate {
+            gauge!(OVER_FILTERING_RATIO, "guard" => name.clone()).set(rate);
+        }
+        counter!(SHADOWED_ABSENT_TOTAL, "guard" => name.clone()).absolute(stats.shadowed_absent);
+        counter!(WOULD_BE_FALSE_NEGATIVES_TOTAL, "guard" => name)
+            .absolute(stats.would_be_false_negatives);
     }
 }
 

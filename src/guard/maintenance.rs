@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use super::stats::{Counter, observed_rate};
+use super::stats::Counter;
 use super::{Guard, Inner, Lifecycle, RebuildError, Verdict, staleness::Verifier};
 use crate::task::StoppableTask;
 
@@ -139,11 +139,13 @@ impl Guard {
             if stats.estimated_drift > threshold {
                 return Some("estimated drift");
             }
-            let false_positives = stats.false_positives - baseline.false_positives;
-            let absent = stats.checks.absent - baseline.absent;
-            if false_positives >= MIN_OBSERVED_FALSE_POSITIVES
-                && false_positives + absent >= MIN_OBSERVED_OUTCOMES
-                && observed_rate(false_positives, absent)
+            // Judged on the verified false positives' count (the evidence),
+            // at the rate that counts the trusted ones too.
+            let outcomes = self.outcomes_since_rebuild();
+            if outcomes.false_positives >= MIN_OBSERVED_FALSE_POSITIVES
+                && outcomes.false_positives + outcomes.absent >= MIN_OBSERVED_OUTCOMES
+                && outcomes
+                    .observed_fpr()
                     .is_some_and(|rate| rate > threshold * self.inner.target_fpr)
             {
                 return Some("observed drift");

@@ -440,14 +440,40 @@ impl Guard {
         self.count_outcome(Verdict::MaybePresent, found);
     }
 
-    /// Counts the backend's answer after a check that passed with `verdict`.
+    /// Counts the backend's answer for a key checked with `verdict` (an
+    /// `Absent` one reaches the backend only in shadow mode).
     pub(crate) fn count_outcome(&self, verdict: Verdict, found: bool) {
-        let counter = match (verdict, found) {
-            (_, true) => Counter::Found,
-            (Verdict::MaybePresent, false) => Counter::FalsePositives,
-            (Verdict::Warming | Verdict::Absent, false) => return,
-        };
-        self.inner.counters.add(counter as usize, 1);
+        let counters = &self.inner.counters;
+        match (verdict, found) {
+            (Verdict::MaybePresent, true) => {
+                counters.add(Counter::Found as usize, 1);
+                counters.add(Counter::TruePositives as usize, 1);
+            }
+            (Verdict::Warming, true) => counters.add(Counter::Found as usize, 1),
+            (Verdict::MaybePresent, false) => counters.add(Counter::FalsePositives as usize, 1),
+            (Verdict::Absent, true) => {
+                counters.add(Counter::WouldBeFalseNegatives as usize, 1);
+                // No key in the line: keys can be personal data.
+                tracing::warn!(
+                    guard = %self.inner.name,
+                    "shadow mode: the backend found a key the guard answered Absent for \
+                     (a would-be false negative; see the guard's docs on the write path)"
+                );
+            }
+            (Verdict::Warming | Verdict::Absent, false) => {}
+        }
+    }
+
+    /// Counts a `MaybePresent` answer trusted as present without the backend.
+    pub(crate) fn count_unverified_positive(&self) {
+        self.inner
+            .counters
+            .add(Counter::UnverifiedPositives as usize, 1);
+    }
+
+    /// Counts an `Absent` answer passed on to the backend in shadow mode.
+    pub(crate) fn count_shadowed_absent(&self) {
+        self.inner.counters.add(Counter::ShadowedAbsent as usize, 1);
     }
 
     /// The cache of confirmed false positives, when the builder enabled one.

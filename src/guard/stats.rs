@@ -17,10 +17,15 @@ pub(crate) enum Counter {
     Removed,
     ConfirmedAbsentHits,
     RedundantInserts,
+    /// Backend answers "found" after `MaybePresent` (a subset of `Found`).
+    TruePositives,
+    UnverifiedPositives,
+    ShadowedAbsent,
+    WouldBeFalseNegatives,
 }
 
 impl Counter {
-    pub(crate) const COUNT: usize = 10;
+    pub(crate) const COUNT: usize = 14;
 
     #[inline]
     pub(crate) fn for_verdict(verdict: Verdict) -> usize {
@@ -47,9 +52,55 @@ pub(crate) struct History {
 
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Baseline {
-    pub(crate) absent: u64,
-    pub(crate) false_positives: u64,
+    pub(crate) outcomes: Outcomes,
     pub(crate) removed: u64,
+}
+
+/// What the checks' answers turned out to be, as far as anyone looked.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Outcomes {
+    /// `Absent` verdicts: true negatives.
+    pub(crate) absent: u64,
+    /// `MaybePresent` verdicts the backend did not confirm.
+    pub(crate) false_positives: u64,
+    /// `MaybePresent` verdicts the backend confirmed.
+    pub(crate) true_positives: u64,
+    /// `MaybePresent` verdicts trusted without asking.
+    pub(crate) unverified: u64,
+}
+
+impl Outcomes {
+    fn since(self, before: Self) -> Self {
+        Self {
+            absent: self.absent.saturating_sub(before.absent),
+            false_positives: self.false_positives.saturating_sub(before.false_positives),
+            true_positives: self.true_positives.saturating_sub(before.true_positives),
+            unverified: self.unverified.saturating_sub(before.unverified),
+        }
+    }
+
+    /// False positives among all positives, the trusted ones estimated from
+    /// the share of the verified ones that were false (the verified ones are
+    /// a hash-chosen sample, independent of the filter's bits). `None` when
+    /// positives were trusted and none was verified.
+    pub(crate) fn estimated_false_positives(&self) -> Option<f64> {
+        if self.unverified == 0 {
+            return Some(self.false_positives as f64);
+        }
+        let false_share = ratio(
+            self.false_positives,
+            self.false_positives + self.true_positives,
+        )?;
+        Some(self.false_positives as f64 + self.unverified as f64 * false_share)
+    }
+
+    /// False positives ÷ (false positives + true negatives), the false
+    /// positives estimated where some were trusted.
+    pub(crate) fn observed_fpr(&self) -> Option<f64> {
+        let false_positives = self.estimated_false_positives()?;
+        let negatives = false_positives + self.absent as f64;
+        (negatives > 0.0).then(|| false_positives / negatives)
+    }
 }
 
 /// Checks by verdict.
@@ -118,12 +169,31 @@ pub struct GuardStats {
     pub confirmed_absent_hits: u64,
     /// Entries in that cache (answers and insert marks).
     pub confirmed_absent_entries: usize,
+    /// `MaybePresent` answers trusted as present without a backend call
+    /// ([`Verify::Sample`](crate::Verify::Sample), [`Verify::None`](crate::Verify::None)).
+    pub unverified_positives: u64,
+    /// How many of those were false, estimated: absent keys answered
+    /// "present" (over-filtered). From the share of false positives among the
+    /// verified positives, or from the filters' fill when none was verified.
+    pub over_filtered: f64,
+    /// `over_filtered` ÷ the absent keys checked (absent answers, false
+    /// positives and over-filtered keys): the share of absent keys hidden,
+    /// to hold against the product's tolerance. `None` before any.
+    pub over_filtering_rate: Option<f64>,
+    /// `Absent` answers passed on to the backend anyway (shadow mode): the
+    /// backend calls enforcing would have saved.
+    pub shadowed_absent: u64,
+    /// Keys found by the backend after an `Absent` answer in shadow mode:
+    /// false negatives the guard would have given. Should stay 0.
+    pub would_be_false_negatives: u64,
     /// Keys reported removed since the last rebuild.
     pub removed_since_rebuild: u64,
     /// Share of checks that went on to the backend (`MaybePresent` or `Warming`).
     pub pass_through_ratio: f64,
     /// False positives ÷ (false positives + `Absent` answers), since the
-    /// last rebuild; `None` before any of either.
+    /// last rebuild; `None` before any of either. With positives trusted
+    /// unverified, their false ones are estimated from the verified sample;
+    /// `None` when none was verified.
     pub observed_fpr: Option<f64>,
     /// The false-positive rate the live filters' fill implies (their OR when
     /// there are several).
@@ -175,6 +245,7 @@ impl Guard {
             warming: count(Counter::Warming),
         };
         let false_positives = count(Counter::FalsePositives);
+        let outcomes = self.outcomes();
         let removed = count(Counter::Removed);
         let (baseline, rebuilds, last_rebuild) = {
             let history = self.history();
@@ -205,10 +276,9 @@ impl Guard {
             .map_or(0.0, |newest| newest.filter.stats().fill_ratio);
 
         let target = self.inner.target_fpr;
-        let observed_fpr = observed_rate(
-            false_positives.saturating_sub(baseline.false_positives),
-            checks.absent.saturating_sub(baseline.absent),
-        );
+        let observed_fpr = outcomes.since(baseline.outcomes).observed_fpr();
+        let over_filtered = over_filtered(&outcomes, checks.maybe_present, estimated_fpr);
+        let negatives = over_filtered + (outcomes.absent + outcomes.false_positives) as f64;
         let passed = checks.maybe_present + checks.warming;
         let inserts = count(Counter::Inserts);
         let redundant_inserts = count(Counter::RedundantInserts);
@@ -223,6 +293,11 @@ impl Guard {
             stale_negatives: count(Counter::StaleNegatives),
             confirmed_absent_hits: count(Counter::ConfirmedAbsentHits),
             confirmed_absent_entries: self.inner.confirmed_absent.as_ref().map_or(0, |c| c.len()),
+            unverified_positives: outcomes.unverified,
+            over_filtered,
+            over_filtering_rate: (negatives > 0.0).then(|| over_filtered / negatives),
+            shadowed_absent: count(Counter::ShadowedAbsent),
+            would_be_false_negatives: count(Counter::WouldBeFalseNegatives),
             removed_since_rebuild: removed.saturating_sub(baseline.removed),
             pass_through_ratio: ratio(passed, checks.total()).unwrap_or(0.0),
             observed_fpr,
@@ -250,18 +325,46 @@ impl Guard {
 
     /// The counter values a rebuild's swap measures from.
     pub(crate) fn baseline_now(&self) -> Baseline {
-        let counters = &self.inner.counters;
         Baseline {
-            absent: counters.sum(Counter::Absent as usize),
-            false_positives: counters.sum(Counter::FalsePositives as usize),
-            removed: counters.sum(Counter::Removed as usize),
+            outcomes: self.outcomes(),
+            removed: self.inner.counters.sum(Counter::Removed as usize),
         }
+    }
+
+    /// The outcomes counted since the guard was built.
+    pub(crate) fn outcomes(&self) -> Outcomes {
+        let count = |counter: Counter| self.inner.counters.sum(counter as usize);
+        Outcomes {
+            absent: count(Counter::Absent),
+            false_positives: count(Counter::FalsePositives),
+            true_positives: count(Counter::TruePositives),
+            unverified: count(Counter::UnverifiedPositives),
+        }
+    }
+
+    /// The outcomes counted since the live filters were last rebuilt.
+    pub(crate) fn outcomes_since_rebuild(&self) -> Outcomes {
+        let baseline = self.history().baseline;
+        self.outcomes().since(baseline.outcomes)
     }
 }
 
-/// False positives ÷ (false positives + true negatives).
-pub(crate) fn observed_rate(false_positives: u64, true_negatives: u64) -> Option<f64> {
-    ratio(false_positives, false_positives + true_negatives)
+/// The trusted positives estimated false. Without a verified sample, from
+/// the fill: of the `absent / (1 - fpr)` absent keys checked, `fpr` passed
+/// as positives; their share of all positives applies to the trusted ones.
+fn over_filtered(outcomes: &Outcomes, positives: u64, estimated_fpr: f64) -> f64 {
+    if outcomes.unverified == 0 {
+        return 0.0;
+    }
+    let verified = outcomes.false_positives + outcomes.true_positives;
+    let false_share = if verified > 0 {
+        outcomes.false_positives as f64 / verified as f64
+    } else {
+        let passed_absent =
+            outcomes.absent as f64 * estimated_fpr / (1.0 - estimated_fpr).max(f64::MIN_POSITIVE);
+        (passed_absent / positives.max(1) as f64).min(1.0)
+    };
+    outcomes.unverified as f64 * false_share
 }
 
 fn ratio(part: u64, whole: u64) -> Option<f64> {

@@ -13,9 +13,9 @@ use crate::guard::{Guard, Verdict};
 
 pin_project! {
     /// The answer of a [`GuardService`](super::GuardService): ready at once
-    /// for an absent key (no call, no allocation), otherwise the inner
-    /// service's future, whose response is counted as found or not found
-    /// when it arrives.
+    /// for an absent key (no call, no allocation) or a trusted "maybe",
+    /// otherwise the inner service's future, whose response is counted as
+    /// found or not found when it arrives.
     pub struct ResponseFuture<F, P, R> {
         #[pin]
         state: State<F, Outcome<P, R>, R>,
@@ -25,7 +25,7 @@ pin_project! {
 pin_project! {
     #[project = StateProjection]
     enum State<F, O, R> {
-        Absent { response: Option<R> },
+        Answered { response: Option<R> },
         Called { #[pin] future: F, outcome: Option<O> },
     }
 }
@@ -40,9 +40,10 @@ struct Outcome<P, R> {
 }
 
 impl<F, P, R> ResponseFuture<F, P, R> {
-    pub(super) fn absent(response: R) -> Self {
+    /// Answered by the guard, without the inner service.
+    pub(super) fn answered(response: R) -> Self {
         Self {
-            state: State::Absent {
+            state: State::Answered {
                 response: Some(response),
             },
         }
@@ -83,7 +84,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
-            StateProjection::Absent { response } => Poll::Ready(Ok(response
+            StateProjection::Answered { response } => Poll::Ready(Ok(response
                 .take()
                 .expect("ResponseFuture polled after it completed"))),
             StateProjection::Called { future, outcome } => {
@@ -102,7 +103,7 @@ where
 impl<F, P, R> fmt::Debug for ResponseFuture<F, P, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
-            State::Absent { .. } => "absent",
+            State::Answered { .. } => "answered",
             State::Called { outcome: None, .. } => "passed through",
             State::Called { .. } => "called",
         };

@@ -4,11 +4,13 @@ use std::fmt;
 
 use std::borrow::Cow;
 
-use http::{Method, Request, Response, StatusCode};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use percent_encoding::percent_decode_str;
 
 use super::{GuardLayer, GuardPolicy};
+use crate::error::ConfigError;
 use crate::guard::Guard;
+use crate::verify::Verify;
 
 /// Picks the key of an HTTP request, or `None` to let it through unguarded
 /// (other routes, other methods).
@@ -197,10 +199,17 @@ impl fmt::Debug for PathKey {
     }
 }
 
+/// Makes a response the guard gives without calling the service.
+type Respond<ResBody> = fn() -> Response<ResBody>;
+
 /// The policy of [`GuardLayer::for_http`].
 pub struct HttpPolicy<K, ResBody> {
     key: K,
-    absent: fn() -> Response<ResBody>,
+    absent: Respond<ResBody>,
+    /// Added to the guard's own "absent" responses, to tell them from a handler's.
+    absent_header: Option<(HeaderName, HeaderValue)>,
+    /// Which "maybe" keys are answered `present()` without the service.
+    trusted: Option<(Verify, Respond<ResBody>)>,
 }
 
 impl<K, ResBody: Default> HttpPolicy<K, ResBody> {
@@ -209,6 +218,8 @@ impl<K, ResBody: Default> HttpPolicy<K, ResBody> {
         Self {
             key,
             absent: not_found::<ResBody>,
+            absent_header: None,
+            trusted: None,
         }
     }
 }
@@ -233,7 +244,11 @@ impl<B, ResBody, K: HttpKey<B>> GuardPolicy<Request<B>, Response<ResBody>>
 
     #[inline]
     fn absent_response(&self) -> Response<ResBody> {
-        (self.absent)()
+        let mut response = (self.absent)();
+        if let Some((name, value)) = &self.absent_header {
+            response.headers_mut().insert(name.clone(), value.clone());
+        }
+        response
     }
 
     /// 2xx: found; 404: not found; anything else says neither.
@@ -246,6 +261,12 @@ impl<B, ResBody, K: HttpKey<B>> GuardPolicy<Request<B>, Response<ResBody>>
         } else {
             None
         }
+    }
+
+    #[inline]
+    fn answer_trusted(&self, key: &[u8]) -> Option<Response<ResBody>> {
+        let (verify, present) = self.trusted?;
+        (!verify.verifies(key)).then(present)
     }
 }
 
@@ -285,18 +306,92 @@ impl<K, ResBody> GuardLayer<HttpPolicy<K, ResBody>> {
     }
 
     /// Answers absent keys with `response()` instead of an empty 404.
+    #[must_use]
     pub fn with_absent_response(self, response: fn() -> Response<ResBody>) -> Self
     where
         K: Clone,
     {
-        let HttpPolicy { key, .. } = std::sync::Arc::unwrap_or_clone(self.policy);
-        Self::with_policy(
-            self.guard,
-            HttpPolicy {
-                key,
-                absent: response,
-            },
-        )
+        self.map_policy(|policy| policy.absent = response)
+    }
+
+    /// Adds `name: value` to the guard's own "absent" answers, so a client,
+    /// a log or a test can tell them from a handler's 404 (off by default).
+    /// Costs one small allocation per absent answer (the header map).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use axum::{Router, body::Body, http::{HeaderName, HeaderValue, Request}, routing::get};
+    /// use bloomguard::{Guard, GuardLayer, layer::PathKey};
+    /// use tower::ServiceExt;
+    ///
+    /// let guard = Guard::builder().expected_items(1_000).build()?;
+    /// let app: Router = Router::new()
+    ///     .route("/items/{id}", get(|| async { "an item" }))
+    ///     .layer(
+    ///         GuardLayer::for_http(guard, PathKey::route("/items/{id}"))
+    ///             .with_absent_header(HeaderName::from_static("x-bloomguard"), HeaderValue::from_static("absent")),
+    ///     );
+    /// let response = app.oneshot(Request::get("/items/7").body(Body::empty())?).await?;
+    /// assert_eq!(response.status(), 404);
+    /// assert_eq!(response.headers()["x-bloomguard"], "absent");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn with_absent_header(self, name: HeaderName, value: HeaderValue) -> Self
+    where
+        K: Clone,
+    {
+        self.map_policy(|policy| policy.absent_header = Some((name, value)))
+    }
+
+    /// For presence endpoints ("has this user seen this item?"): answers a
+    /// "maybe" key with `present()`, without calling the service, unless
+    /// `verify` sends it on (see [`Verify`]). The guard counts the trusted
+    /// answers and estimates how many were false
+    /// ([`GuardStats::over_filtered`](crate::GuardStats::over_filtered)).
+    ///
+    /// ```
+    /// use axum::{Router, http::{Method, StatusCode}, routing::get};
+    /// use bloomguard::{Guard, GuardLayer, Verify, layer::PathKey};
+    ///
+    /// let guard = Guard::builder().expected_items(1_000).build()?;
+    /// let seen = PathKey::route("/seen/{pair}").method(Method::GET);
+    /// let app: Router = Router::new()
+    ///     .route("/seen/{pair}", get(|| async { StatusCode::OK }))
+    ///     .layer(GuardLayer::for_http(guard, seen).verify(Verify::Sample(0.01), || {
+    ///         axum::http::Response::new(axum::body::Body::empty()) // 200: seen
+    ///     })?);
+    /// # let _ = app;
+    /// # Ok::<(), bloomguard::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A [`Verify::Sample`] fraction outside `(0, 1]`.
+    pub fn verify(
+        self,
+        verify: Verify,
+        present: fn() -> Response<ResBody>,
+    ) -> Result<Self, ConfigError>
+    where
+        K: Clone,
+    {
+        let verify = verify.checked()?;
+        Ok(self.map_policy(|policy| {
+            policy.trusted = (verify != Verify::All).then_some((verify, present));
+        }))
+    }
+
+    fn map_policy(self, change: impl FnOnce(&mut HttpPolicy<K, ResBody>)) -> Self
+    where
+        K: Clone,
+    {
+        let mut policy = std::sync::Arc::unwrap_or_clone(self.policy);
+        change(&mut policy);
+        Self {
+            policy: std::sync::Arc::new(policy),
+            ..self
+        }
     }
 }
 
@@ -305,6 +400,8 @@ impl<K: Clone, ResBody> Clone for HttpPolicy<K, ResBody> {
         Self {
             key: self.key.clone(),
             absent: self.absent,
+            absent_header: self.absent_header.clone(),
+            trusted: self.trusted,
         }
     }
 }

@@ -74,6 +74,15 @@ pub trait GuardPolicy<Request, Response> {
     /// `Some(true)` if the response says the key was found, `Some(false)` if
     /// not found, `None` if it says neither (a 5xx, a redirect…).
     fn found(&self, response: &Response) -> Option<bool>;
+
+    /// For a key the guard answered `MaybePresent`: `Some(response)` answers
+    /// the request as "present" without calling the service, where the
+    /// policy's [`Verify`](crate::Verify) trusts this key; `None` (the default) calls it.
+    #[inline]
+    fn answer_trusted(&self, key: &[u8]) -> Option<Response> {
+        let _ = key;
+        None
+    }
 }
 
 /// The policy of [`GuardLayer::for_loader`]: the request is the key, the
@@ -101,6 +110,7 @@ impl<K: AsRef<[u8]>, V> GuardPolicy<K, Option<V>> for LoaderPolicy {
 pub struct GuardLayer<P> {
     guard: Guard,
     policy: Arc<P>,
+    shadow: bool,
 }
 
 impl GuardLayer<LoaderPolicy> {
@@ -118,7 +128,38 @@ impl<P> GuardLayer<P> {
         Self {
             guard,
             policy: Arc::new(policy),
+            shadow: false,
         }
+    }
+
+    /// Shadow mode: every request goes to the inner service whatever the
+    /// guard says; verdicts are counted, and an `Absent` whose response
+    /// says "found" is counted as a would-be false negative
+    /// ([`GuardStats::would_be_false_negatives`](crate::GuardStats::would_be_false_negatives))
+    /// and logged. The calls the guard would have saved are
+    /// [`GuardStats::shadowed_absent`](crate::GuardStats::shadowed_absent).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use bloomguard::{Guard, GuardLayer};
+    /// use tower::{Layer, ServiceExt, service_fn};
+    ///
+    /// let guard = Guard::builder().expected_items(1_000).build()?;
+    /// // The store holds a key written behind the guard's back: a bug in
+    /// // the write path, which shadow mode shows before it costs an answer.
+    /// let backend = service_fn(|key: String| async move {
+    ///     Ok::<_, std::convert::Infallible>((key == "item:7").then_some(7))
+    /// });
+    /// let service = GuardLayer::for_loader(guard.clone()).shadow().layer(backend);
+    /// assert_eq!(service.oneshot("item:7".to_string()).await?, Some(7)); // asked anyway
+    /// assert_eq!(guard.stats().would_be_false_negatives, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn shadow(mut self) -> Self {
+        self.shadow = true;
+        self
     }
 
     /// The guard this layer checks.
@@ -132,6 +173,7 @@ impl<P> Clone for GuardLayer<P> {
         Self {
             guard: self.guard.clone(),
             policy: Arc::clone(&self.policy),
+            shadow: self.shadow,
         }
     }
 }
@@ -145,6 +187,7 @@ impl<S, P> Layer<S> for GuardLayer<P> {
             guard: self.guard.clone(),
             reader: Reader::Unused,
             policy: Arc::clone(&self.policy),
+            shadow: self.shadow,
         }
     }
 }
@@ -153,6 +196,7 @@ impl<P> fmt::Debug for GuardLayer<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GuardLayer")
             .field("guard", &self.guard)
+            .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
 }
@@ -169,6 +213,7 @@ pub struct GuardService<S, P> {
     guard: Guard,
     reader: Reader,
     policy: Arc<P>,
+    shadow: bool,
 }
 
 /// How a [`GuardService`] clone checks keys (see its docs).
@@ -227,10 +272,26 @@ where
                 self.guard.check(&key)
             }
         };
+        let answer = match verdict {
+            Verdict::Absent if self.shadow => {
+                self.guard.count_shadowed_absent();
+                None
+            }
+            Verdict::Absent => Some(self.policy.absent_response()),
+            Verdict::MaybePresent if self.shadow => None,
+            Verdict::MaybePresent => {
+                let trusted = self.policy.answer_trusted(&key);
+                if trusted.is_some() {
+                    self.guard.count_unverified_positive();
+                }
+                trusted
+            }
+            Verdict::Warming => None,
+        };
         drop(key);
-        match verdict {
-            Verdict::Absent => ResponseFuture::absent(self.policy.absent_response()),
-            verdict => ResponseFuture::called::<Request>(
+        match answer {
+            Some(response) => ResponseFuture::answered(response),
+            None => ResponseFuture::called::<Request>(
                 self.inner.call(request),
                 self.guard.clone(),
                 verdict,
@@ -247,6 +308,7 @@ impl<S: Clone, P> Clone for GuardService<S, P> {
             guard: self.guard.clone(),
             reader: Reader::Unused,
             policy: Arc::clone(&self.policy),
+            shadow: self.shadow,
         }
     }
 }

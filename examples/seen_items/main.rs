@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bloomguard::{Guard, Lifecycle, Rebuild};
+use bloomguard::{Guard, GuardBuilder, Lifecycle, Rebuild, Verify};
 use clap::{Parser, ValueEnum};
 
 use replay::Pacing;
@@ -44,7 +44,7 @@ use workload::{Shape, Workload, seen_key};
 /// Replay a recommendation feed through a bloomguard seen-items gate, with
 /// and without the guard, and report what it saved.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "seen_items")]
+#[command(name = "seen_items", args_override_self = true)]
 pub(crate) struct Args {
     /// Users; their activity follows Zipf(--user-skew).
     #[arg(long, default_value_t = 100_000)]
@@ -100,9 +100,14 @@ pub(crate) struct Args {
     /// Skip the replay without the guard.
     #[arg(long)]
     pub(crate) no_baseline: bool,
-    /// Every n-th request is checked against the ground truth.
+    /// Every n-th request is checked against the ground truth (at least 1).
     #[arg(long, default_value_t = 8)]
     pub(crate) audit_every: u64,
+    /// Which "maybe" answers are checked in the store: all; sample:F (a
+    /// "maybe" is trusted as seen, except a hash-chosen fraction F that is
+    /// checked so the false-positive rate stays measured); or none.
+    #[arg(long, default_value_t = Verify::All)]
+    pub(crate) verify: Verify,
     /// The store: Redis at this URL (needs the `redis` feature); the
     /// embedded in-memory store when unset.
     #[arg(long, env = "REDIS_URL")]
@@ -130,6 +135,9 @@ const GENERATIONS: usize = 4;
 /// How much longer the guard keeps a key than the store, at least.
 const EXPIRY_MARGIN: Duration = Duration::from_millis(500);
 
+/// The guard's size, in keys, when the history is smaller (a cold start).
+const COLD_START_ITEMS: u64 = 10_000;
+
 /// Requests per second assumed for sizing when `--rate 0` leaves it open.
 const UNPACED_RATE_GUESS: u64 = 40_000;
 
@@ -151,21 +159,31 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(seconds).map_err(|error| error.to_string())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
     let args = Args::parse();
     // The requests run on this one thread; see the module docs.
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let outcome = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()?;
-    let outcome = runtime.block_on(run(args.clone()))?;
-    outcome.print();
-    println!("picture of the guard over time: {}", args.chart.display());
-    Ok(())
+        .build()
+        .map_err(Into::into)
+        .and_then(|runtime| runtime.block_on(run(args.clone())));
+    match outcome {
+        Ok(outcome) => {
+            outcome.print();
+            println!("picture of the guard over time: {}", args.chart.display());
+            std::process::ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 impl Args {
-    /// What clap's types cannot say.
-    fn check(&self) -> Result<(), String> {
+    /// What clap's types cannot say, and the guard's options as the guard
+    /// checks them: all of it before any time goes into the history.
+    pub(crate) fn check(&self) -> Result<(), Box<dyn std::error::Error>> {
         let fits_u32 = |n: u64| (1..=u64::from(u32::MAX)).contains(&n);
         if !fits_u32(self.users) || !fits_u32(self.items) {
             return Err("--users and --items must be between 1 and 2^32 - 1".into());
@@ -182,6 +200,10 @@ impl Args {
         if self.duration.is_zero() || self.window.is_zero() {
             return Err("--duration and --window must be longer than zero".into());
         }
+        if self.audit_every == 0 {
+            return Err("--audit-every must be at least 1 (1 audits every request)".into());
+        }
+        self.guard_builder().build()?;
         Ok(())
     }
 }
@@ -190,6 +212,10 @@ impl Args {
 pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error>> {
     args.check()?;
     let expires_after = (args.lifecycle == LifecycleChoice::Rotate).then_some(args.window);
+    // The store first: a bad URL is reported before any time goes into
+    // drawing and writing the history.
+    let store = open_store(args.redis_url.as_deref(), expires_after).await?;
+
     let started = Instant::now();
     let workload = Arc::new(Workload::generate(
         Shape {
@@ -212,7 +238,6 @@ pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error
         started.elapsed()
     );
 
-    let store = open_store(args.redis_url.as_deref(), expires_after).await?;
     let started = Instant::now();
     let keys: Vec<String> = workload.truth.pairs().into_iter().map(seen_key).collect();
     for chunk in keys.chunks(10_000) {
@@ -225,9 +250,7 @@ pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error
         started.elapsed()
     );
 
-    // Room for the history to grow before the first rebuild.
-    let expected = (history_before as f64 * args.headroom) as u64;
-    let guard = build_guard(&args, &store, expected)?;
+    let guard = args.guard_builder().source(store.source()).build()?;
     let maintenance = Maintenance::start(guard.clone());
     let started = Instant::now();
     guard.ready_within(Duration::from_secs(300)).await?;
@@ -246,7 +269,8 @@ pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error
         rate: args.rate,
         concurrency: args.concurrency,
         new_seen_per_request: args.new_seen,
-        audit_every: args.audit_every.max(1),
+        audit_every: args.audit_every,
+        verify: args.verify,
         show_progress: !args.quiet,
     };
     let guarded = replay::run(&workload, &store, Some(&guard), &pacing, args.seed).await?;
@@ -277,6 +301,8 @@ pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error
     let outcome = Outcome {
         guarded,
         baseline,
+        verify: args.verify,
+        lifecycle: args.lifecycle,
         target_fpr: args.fpr,
         target_rate: args.rate,
         filter_bytes,
@@ -287,7 +313,7 @@ pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error
     if let Some(parent) = args.chart.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    draw_chart(&args.chart, &outcome.guarded, args.fpr)?;
+    draw_chart(&args.chart, &outcome.guarded, args.fpr, args.verify)?;
     Ok(outcome)
 }
 
@@ -311,37 +337,38 @@ async fn open_store(
     )))))
 }
 
-fn build_guard(
-    args: &Args,
-    store: &SeenStore,
-    expected_items: u64,
-) -> Result<Guard, bloomguard::ConfigError> {
-    let builder = Guard::builder()
-        .name("seen_items")
-        .expected_items(expected_items)
-        .false_positive_rate(args.fpr)
-        .seed(args.seed)
-        .source(store.source())
-        .maintenance_interval(Duration::from_millis(50));
-    match args.lifecycle {
-        LifecycleChoice::Rebuild => builder
-            .rebuild(Rebuild::when_drift_exceeds(args.drift).headroom(args.headroom))
-            .build(),
-        LifecycleChoice::Rotate => {
-            // A key leaves the guard (G-1 to G periods after its insert) no
-            // sooner than the store expires it (--window after its write,
-            // which follows the insert by far less than the margin).
-            let period = (args.window + EXPIRY_MARGIN) / (GENERATIONS as u32 - 1);
-            // The first build holds the history; each later generation only
-            // what users see in one period.
-            let requests_per_period =
-                args.rate.max(UNPACED_RATE_GUESS) as f64 * period.as_secs_f64();
-            let seen_per_period = requests_per_period * args.new_seen.max(1) as f64;
-            builder
-                .expected_items((seen_per_period * args.headroom) as u64)
-                .lifecycle(Lifecycle::rotate(GENERATIONS, period))
-                .rebuild(Rebuild::manual())
-                .build()
+impl Args {
+    /// The guard, but for its source (the store).
+    fn guard_builder(&self) -> GuardBuilder {
+        // Room for the history to grow before the first rebuild; a cold
+        // start (`--history 0`) gets a small filter that rebuilds as users
+        // see items.
+        let expected = ((self.history as f64 * self.headroom) as u64).max(COLD_START_ITEMS);
+        let builder = Guard::builder()
+            .name("seen_items")
+            .expected_items(expected)
+            .false_positive_rate(self.fpr)
+            .seed(self.seed)
+            .maintenance_interval(Duration::from_millis(50));
+        match self.lifecycle {
+            LifecycleChoice::Rebuild => {
+                builder.rebuild(Rebuild::when_drift_exceeds(self.drift).headroom(self.headroom))
+            }
+            LifecycleChoice::Rotate => {
+                // A key leaves the guard (G-1 to G periods after its insert)
+                // no sooner than the store expires it (--window after its
+                // write, which follows the insert by far less than the margin).
+                let period = (self.window + EXPIRY_MARGIN) / (GENERATIONS as u32 - 1);
+                // The first build holds the history; each later generation
+                // only what users see in one period.
+                let requests_per_period =
+                    self.rate.max(UNPACED_RATE_GUESS) as f64 * period.as_secs_f64();
+                let seen_per_period = requests_per_period * self.new_seen.max(1) as f64;
+                builder
+                    .expected_items((seen_per_period * self.headroom) as u64)
+                    .lifecycle(Lifecycle::rotate(GENERATIONS, period))
+                    .rebuild(Rebuild::manual())
+            }
         }
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bloomguard::{Guard, GuardStats, GuardedLoader, Loader};
+use bloomguard::{Guard, GuardStats, GuardedLoader, Loader, Verify};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::mpsc;
 
@@ -23,6 +23,8 @@ pub(crate) struct Pacing {
     pub(crate) new_seen_per_request: usize,
     /// Every n-th request is checked against the ground truth.
     pub(crate) audit_every: u64,
+    /// Which "maybe" answers go on to the store.
+    pub(crate) verify: Verify,
     pub(crate) show_progress: bool,
 }
 
@@ -32,8 +34,12 @@ pub(crate) struct Sample {
     pub(crate) at: f64,
     pub(crate) fill_ratio: f64,
     pub(crate) estimated_fpr: f64,
-    /// False positives ÷ negatives since the previous sample.
+    /// False positives ÷ negatives since the previous sample (the trusted
+    /// positives' false ones estimated by the guard).
     pub(crate) observed_fpr: Option<f64>,
+    /// Over-filtered ÷ negatives since the previous sample, as the guard
+    /// estimates it (none when every "maybe" is verified).
+    pub(crate) over_filtering: Option<f64>,
     /// Share of checks since the previous sample that went to the store
     /// (none if there were no checks).
     pub(crate) pass_through: Option<f64>,
@@ -58,6 +64,14 @@ pub(crate) struct Phase {
     /// Candidates the store had (seen items).
     pub(crate) found: u64,
     pub(crate) audited_checks: u64,
+    /// Audited candidates the store did not hold, and those of them answered
+    /// "seen" anyway: unseen items hidden from the user (over-filtered).
+    pub(crate) audited_unseen: u64,
+    pub(crate) hidden: u64,
+    /// The guard's counts over the phase: false-positive rate (trusted
+    /// positives' false ones estimated) and estimated over-filtering.
+    pub(crate) guard_fpr: Option<f64>,
+    pub(crate) estimated_over_filtering: Option<f64>,
     pub(crate) written: u64,
     pub(crate) elapsed: Duration,
     /// Per-request latency in nanoseconds, sorted.
@@ -74,12 +88,9 @@ impl Phase {
         Duration::from_nanos(self.latencies[(q * last as f64).round() as usize])
     }
 
-    /// Negatives are the checks the store did not have; the guard's false
-    /// positives are the store calls for them.
-    pub(crate) fn observed_fpr(&self) -> f64 {
-        let negatives = self.checks - self.found;
-        let false_positives = self.store_keys - self.found;
-        false_positives as f64 / negatives.max(1) as f64
+    /// Share of the audited unseen candidates answered "seen".
+    pub(crate) fn hidden_rate(&self) -> Option<f64> {
+        (self.audited_unseen > 0).then(|| self.hidden as f64 / self.audited_unseen as f64)
     }
 }
 
@@ -89,6 +100,8 @@ struct Tally {
     checks: AtomicU64,
     found: AtomicU64,
     audited_checks: AtomicU64,
+    audited_unseen: AtomicU64,
+    hidden: AtomicU64,
     written: AtomicU64,
 }
 
@@ -120,11 +133,20 @@ pub(crate) async fn run(
     seed: u64,
 ) -> Result<Phase, String> {
     let lookups_before = store.lookups();
+    let stats_before = guard.map(Guard::stats);
+    let gate = match guard {
+        Some(guard) => Some(
+            GuardedLoader::new(guard.clone(), store.clone())
+                .verify(pacing.verify)
+                .map_err(|error| error.to_string())?,
+        ),
+        None => None,
+    };
     let started = Instant::now();
     let run = Arc::new(Run {
         workload: Arc::clone(workload),
         store: store.clone(),
-        gate: guard.map(|guard| GuardedLoader::new(guard.clone(), store.clone())),
+        gate,
         pacing: pacing.clone(),
         started,
         deadline: started + pacing.duration,
@@ -147,6 +169,23 @@ pub(crate) async fn run(
     latencies.sort_unstable();
     let (store_keys, store_calls) = store.lookups_since(lookups_before);
     let tally = &run.tally;
+    let over_phase = guard.zip(stats_before.as_ref()).map(|(guard, before)| {
+        let now = guard.stats();
+        match pacing.verify {
+            // Nothing verified: each sample read the fill of its time, and
+            // the fill at the end would speak for the end only.
+            Verify::None => {
+                let rates: Vec<f64> = timeline.iter().filter_map(|s| s.over_filtering).collect();
+                let mean =
+                    (!rates.is_empty()).then(|| rates.iter().sum::<f64>() / rates.len() as f64);
+                Rates {
+                    false_positive: mean,
+                    over_filtering: mean,
+                }
+            }
+            _ => between(before, &now, 1),
+        }
+    });
     Ok(Phase {
         guarded: guard.is_some(),
         requests: tally.requests.load(Ordering::Relaxed),
@@ -155,6 +194,10 @@ pub(crate) async fn run(
         store_calls,
         found: tally.found.load(Ordering::Relaxed),
         audited_checks: tally.audited_checks.load(Ordering::Relaxed),
+        audited_unseen: tally.audited_unseen.load(Ordering::Relaxed),
+        hidden: tally.hidden.load(Ordering::Relaxed),
+        guard_fpr: over_phase.and_then(|rates| rates.false_positive),
+        estimated_over_filtering: over_phase.and_then(|rates| rates.over_filtering),
         written: tally.written.load(Ordering::Relaxed),
         elapsed,
         latencies,
@@ -211,27 +254,49 @@ async fn worker(
         } else {
             Vec::new()
         };
-        let answers = match &run.gate {
+        let answers: Vec<bool> = match &run.gate {
             Some(gate) => gate
-                .get_many(&keys)
+                .contains_many(&keys)
                 .await
                 .map_err(|error| error.to_string())?,
-            None => run.store.load_many(keys.clone()).await?,
+            None => run
+                .store
+                .load_many(keys.clone())
+                .await?
+                .iter()
+                .map(Option::is_some)
+                .collect(),
         };
         latencies.push(due.elapsed().as_nanos() as u64);
 
         if let Some(missed) = must_hold
             .iter()
             .zip(&answers)
-            .position(|(&held, answer)| held && answer.is_none())
+            .position(|(&held, &seen)| held && !seen)
         {
             return Err(format!(
                 "false negative: {} was seen and is in the store, but was answered unseen",
                 keys[missed]
             ));
         }
-        let found = answers.iter().filter(|answer| answer.is_some()).count() as u64;
         let tally = &run.tally;
+        if audited {
+            // Read after the answer: a write that landed meanwhile was seen.
+            // Expiry is left out: the store's and the truth's clocks for a
+            // write differ by the write's duration, so near its end a pair
+            // is neither surely held nor surely gone.
+            let unseen: Vec<bool> = pairs
+                .iter()
+                .map(|&pair| !run.workload.truth.has_seen(pair))
+                .collect();
+            let hidden = unseen.iter().zip(&answers).filter(|&(&u, &seen)| u && seen);
+            tally
+                .hidden
+                .fetch_add(hidden.count() as u64, Ordering::Relaxed);
+            let unseen = unseen.iter().filter(|&&u| u).count() as u64;
+            tally.audited_unseen.fetch_add(unseen, Ordering::Relaxed);
+        }
+        let found = answers.iter().filter(|&&seen| seen).count() as u64;
         tally.requests.fetch_add(1, Ordering::Relaxed);
         tally.checks.fetch_add(keys.len() as u64, Ordering::Relaxed);
         tally.found.fetch_add(found, Ordering::Relaxed);
@@ -240,7 +305,7 @@ async fn worker(
             .fetch_add(must_hold.len() as u64, Ordering::Relaxed);
 
         let shown: Vec<u64> = (0..keys.len())
-            .filter(|&i| answers[i].is_none())
+            .filter(|&i| !answers[i])
             .take(pacing.new_seen_per_request)
             .map(|i| pairs[i])
             .collect();
@@ -347,14 +412,62 @@ fn sample_between(before: &GuardStats, now: &GuardStats, at: f64) -> Sample {
     let absent = now.checks.absent - before.checks.absent;
     let passed = (now.checks.maybe_present + now.checks.warming)
         - (before.checks.maybe_present + before.checks.warming);
-    let false_positives = now.false_positives - before.false_positives;
-    let negatives = absent + false_positives;
+    let rates = between(before, now, MIN_NEGATIVES_PER_SAMPLE);
     Sample {
         at,
         fill_ratio: now.fill_ratio,
         estimated_fpr: now.estimated_fpr,
-        observed_fpr: (negatives >= 1_000).then(|| false_positives as f64 / negatives as f64),
+        observed_fpr: rates.false_positive,
+        over_filtering: rates.over_filtering,
         pass_through: (absent + passed > 0).then(|| passed as f64 / (absent + passed) as f64),
         estimated_drift: now.estimated_drift,
+    }
+}
+
+/// Fewer negatives than this between two samples say too little of a rate.
+const MIN_NEGATIVES_PER_SAMPLE: u64 = 1_000;
+
+/// Rates among the negatives a guard counted between two readings.
+#[derive(Debug, Clone, Copy)]
+struct Rates {
+    /// False positives (trusted ones estimated) ÷ negatives.
+    false_positive: Option<f64>,
+    /// Trusted positives estimated false ÷ negatives; none if none were trusted.
+    over_filtering: Option<f64>,
+}
+
+/// The guard's rates between `before` and `now`, if at least
+/// `min_negatives` negatives were counted. Trusted positives are judged by
+/// the verified ones' false share; with none verified (`--verify none`), by
+/// the filters' fill now.
+fn between(before: &GuardStats, now: &GuardStats, min_negatives: u64) -> Rates {
+    let absent = (now.checks.absent - before.checks.absent) as f64;
+    let verified_false = (now.false_positives - before.false_positives) as f64;
+    let verified_true = (now.found - before.found) as f64;
+    let trusted = (now.unverified_positives - before.unverified_positives) as f64;
+    let unknown = Rates {
+        false_positive: None,
+        over_filtering: None,
+    };
+    let false_share = if trusted == 0.0 {
+        0.0
+    } else if verified_false + verified_true > 0.0 {
+        verified_false / (verified_false + verified_true)
+    } else if absent >= min_negatives as f64 {
+        return Rates {
+            false_positive: Some(now.estimated_fpr),
+            over_filtering: Some(now.estimated_fpr),
+        };
+    } else {
+        return unknown;
+    };
+    let over_filtered = trusted * false_share;
+    let negatives = absent + verified_false + over_filtered;
+    if negatives < min_negatives.max(1) as f64 {
+        return unknown;
+    }
+    Rates {
+        false_positive: Some((verified_false + over_filtered) / negatives),
+        over_filtering: (trusted > 0.0).then(|| over_filtered / negatives),
     }
 }

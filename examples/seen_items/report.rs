@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use plotters::prelude::*;
 
+use bloomguard::Verify;
+
+use super::LifecycleChoice;
 use super::replay::{Event, Phase, Sample};
 
 /// What a run measured.
@@ -12,6 +15,8 @@ use super::replay::{Event, Phase, Sample};
 pub(crate) struct Outcome {
     pub(crate) guarded: Phase,
     pub(crate) baseline: Option<Phase>,
+    pub(crate) verify: Verify,
+    pub(crate) lifecycle: LifecycleChoice,
     pub(crate) target_fpr: f64,
     pub(crate) target_rate: u64,
     pub(crate) filter_bytes: usize,
@@ -77,16 +82,20 @@ impl Outcome {
                 100.0 * (1.0 - p.store_keys as f64 / p.checks.max(1) as f64)
             )
         });
+        let guarded_only = |p: &Phase, value: Option<f64>| match value {
+            Some(rate) if p.guarded => format!("{:.3} %", 100.0 * rate),
+            _ => "-".into(),
+        };
         row(
             &format!("observed FPR (target {:.2} %)", 100.0 * self.target_fpr),
-            &|p| {
-                if p.guarded {
-                    format!("{:.3} %", 100.0 * p.observed_fpr())
-                } else {
-                    "-".into()
-                }
-            },
+            &|p| guarded_only(p, p.guard_fpr),
         );
+        row("unseen items hidden, audited", &|p| {
+            guarded_only(p, p.hidden_rate())
+        });
+        row("unseen items hidden, guard's estimate", &|p| {
+            guarded_only(p, p.estimated_over_filtering)
+        });
         row("negatives among the checks", &|p| {
             format!(
                 "{:.1} %",
@@ -108,14 +117,41 @@ impl Outcome {
             mib(self.exact_set_bytes),
             mib(self.filter_bytes)
         );
-        println!(
-            "\nthe guard kept {:.1} % of the lookups from the store; the filter takes 1/{:.0} of the exact set's memory; {} checks audited against the ground truth: no false negatives",
-            100.0 * self.avoided(),
-            1.0 / self.memory_ratio(),
-            phases.iter().map(|p| p.audited_checks).sum::<u64>()
-        );
+        println!();
+        for line in self.conclusions() {
+            println!("{line}");
+        }
+    }
+
+    /// The sentences under the table: what the guard saved, what the
+    /// verification mode cost, how the guard aged, and (rotation) why the
+    /// observed FPR sits above the target.
+    pub(crate) fn conclusions(&self) -> Vec<String> {
+        let audited: u64 = self
+            .baseline
+            .iter()
+            .chain([&self.guarded])
+            .map(|p| p.audited_checks)
+            .sum();
+        let mut lines = vec![
+            format!(
+                "the guard kept {:.1} % of the lookups from the store; the filter takes 1/{:.0} of the exact set's memory; {audited} checks audited against the ground truth: no false negatives",
+                100.0 * self.avoided(),
+                1.0 / self.memory_ratio(),
+            ),
+            describe_verify(self.verify, self.target_fpr),
+        ];
         let guarded = &self.guarded;
-        let growth = self.history_after as f64 / self.history_before as f64 - 1.0;
+        let growth = if self.history_before == 0 {
+            format!("grew from a cold start to {} pairs", self.history_after)
+        } else {
+            format!(
+                "grew {:.1} % ({} → {} pairs)",
+                100.0 * (self.history_after as f64 / self.history_before as f64 - 1.0),
+                self.history_before,
+                self.history_after
+            )
+        };
         let rebuilds = guarded.events.iter().filter(|e| e.rebuild).count();
         let rotations = guarded.events.len() - rebuilds;
         let peak = guarded
@@ -124,19 +160,44 @@ impl Outcome {
             .map(|s| s.estimated_drift)
             .fold(0.0, f64::max);
         let last = guarded.timeline.last().map_or(0.0, |s| s.estimated_drift);
-        println!(
-            "lifecycle: users saw {} new items in the guarded replay, the history grew {:.1} % ({} → {} pairs); estimated drift peaked at {peak:.2} and ended at {last:.2}; {rebuilds} rebuild(s){}{}",
+        lines.push(format!(
+            "lifecycle: users saw {} new items in the guarded replay, the history {growth}; estimated drift peaked at {peak:.2} and ended at {last:.2}; {rebuilds} rebuild(s){}{}",
             guarded.written,
-            100.0 * growth,
-            self.history_before,
-            self.history_after,
             if rotations > 0 {
                 format!(", {rotations} rotation(s)")
             } else {
                 String::new()
             },
             describe_events(&guarded.events),
-        );
+        ));
+        if self.lifecycle == LifecycleChoice::Rotate {
+            let estimated = guarded.timeline.last().map_or(0.0, |s| s.estimated_fpr);
+            let observed = guarded
+                .guard_fpr
+                .map_or("-".into(), |rate| format!("{:.3} %", 100.0 * rate));
+            lines.push(format!(
+                "why the observed FPR ({observed}) is above the filters' estimate ({:.3} %): the store forgets a seen item after --window, but the guard keeps it until its generation retires (up to one rotation period plus a safety margin longer, so that it never forgets a key the store still holds). A candidate in that gap answers \"maybe\", the store no longer has it, and it counts as a false positive although the fill is on target; each rotation drops the oldest generation, and with it most of the gap.",
+                100.0 * estimated
+            ));
+        }
+        lines
+    }
+}
+
+/// What `--verify` did to the answers, in a sentence.
+fn describe_verify(verify: Verify, target_fpr: f64) -> String {
+    let target = format!("{:.2} %", 100.0 * target_fpr);
+    match verify {
+        Verify::All => format!(
+            "verify all: every \"maybe\" was checked in the store, so no unseen item was hidden; a false positive cost a lookup (the observed FPR above; {target} targeted)."
+        ),
+        Verify::Sample(fraction) => format!(
+            "verify sample:{fraction}: a \"maybe\" was trusted as seen without a lookup, except a hash-chosen {:.2} % checked to keep the false-positive rate measured; the price is hiding about the FPR ({target} targeted) of the unseen items, shown above as audited and as the guard estimates it.",
+            100.0 * fraction
+        ),
+        Verify::None => format!(
+            "verify none: every \"maybe\" was trusted as seen, and the store was never asked; about the FPR ({target} targeted) of the unseen items were hidden, and the guard estimates it from the filters' fill."
+        ),
     }
 }
 
@@ -178,6 +239,7 @@ pub(crate) fn draw_chart(
     path: &Path,
     phase: &Phase,
     target_fpr: f64,
+    verify: Verify,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::new(path, (1000, 720)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -189,7 +251,7 @@ pub(crate) fn draw_chart(
         .map(|s| s.fill_ratio.max(s.pass_through.unwrap_or(0.0)))
         .fold(0.1, f64::max);
     let mut chart = Panel {
-        caption: "bloomguard seen-items gate: fill and pass-through",
+        caption: &format!("bloomguard seen-items gate (verify {verify}): fill and pass-through"),
         y_desc: "ratio",
         end: phase.elapsed.as_secs_f64(),
         top: (highest_ratio * 1.25).min(1.0),
@@ -213,10 +275,18 @@ pub(crate) fn draw_chart(
 
     let highest_fpr = samples
         .iter()
-        .flat_map(|s| [s.estimated_fpr, s.observed_fpr.unwrap_or(0.0)])
+        .flat_map(|s| {
+            [
+                s.estimated_fpr,
+                s.observed_fpr.unwrap_or(0.0),
+                s.over_filtering.unwrap_or(0.0),
+            ]
+        })
         .fold(target_fpr, f64::max);
     let mut chart = Panel {
-        caption: "false-positive rate: estimated from fill, observed from the store",
+        caption: &format!(
+            "false-positive rate: estimated from fill, observed from the store (verify {verify})"
+        ),
         y_desc: "%",
         end: phase.elapsed.as_secs_f64(),
         top: highest_fpr * 100.0 * 1.25,
@@ -236,6 +306,15 @@ pub(crate) fn draw_chart(
         MAGENTA,
         "observed FPR",
     )?;
+    if verify != Verify::All {
+        draw_line(
+            &mut chart,
+            samples,
+            |s| s.over_filtering.map(|f| 100.0 * f),
+            CYAN,
+            "unseen items hidden (estimated)",
+        )?;
+    }
     let end = phase.elapsed.as_secs_f64();
     chart
         .draw_series(LineSeries::new(
@@ -256,14 +335,14 @@ type Chart<'a, 'b> = ChartContext<
 >;
 
 /// One of the picture's two panels: seconds across, `y_desc` up to `top`.
-struct Panel {
-    caption: &'static str,
+struct Panel<'c> {
+    caption: &'c str,
     y_desc: &'static str,
     end: f64,
     top: f64,
 }
 
-impl Panel {
+impl Panel<'_> {
     fn draw_on<'a, 'b>(
         &self,
         area: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,

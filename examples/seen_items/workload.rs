@@ -158,6 +158,11 @@ impl Truth {
         fresh
     }
 
+    /// Whether `user` has ever seen `item` (expired or not).
+    pub(crate) fn has_seen(&self, pair: u64) -> bool {
+        self.seen.lock().unwrap().written_at.contains_key(&pair)
+    }
+
     /// Whether the store must still hold `pair` at `now`. Within `margin` of
     /// its expiry the store may already have dropped it, so it counts as
     /// not required.

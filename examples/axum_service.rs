@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{Method, StatusCode};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -138,6 +138,9 @@ struct AppState {
 /// the store name an item by the same string (`%34%32` is item `42`).
 const ITEM_ROUTE: &str = "/items/{id}";
 
+/// The header on the guard's own 404s.
+pub(crate) static ANSWERED_BY: HeaderName = HeaderName::from_static("x-answered-by");
+
 fn item_id(method: Method) -> PathKey {
     PathKey::route(ITEM_ROUTE).method(method)
 }
@@ -174,8 +177,11 @@ pub(crate) fn guard_over(store: &Arc<Store>) -> Guard {
 
 /// The service: routes, the guard on reads, the insert on writes.
 pub(crate) fn app(store: Arc<Store>, guard: Guard, prometheus: PrometheusHandle) -> Router {
+    // The guard's 404s say so, to tell them from the handler's.
+    let guarded_reads = GuardLayer::for_http(guard.clone(), item_id(Method::GET))
+        .with_absent_header(ANSWERED_BY.clone(), HeaderValue::from_static("bloomguard"));
     routes()
-        .layer(GuardLayer::for_http(guard.clone(), item_id(Method::GET)))
+        .layer(guarded_reads)
         .layer(InsertLayer::for_http(guard.clone(), item_id(Method::POST)))
         .with_state(AppState {
             store,
@@ -276,9 +282,26 @@ async fn stats(State(state): State<AppState>) -> Json<serde_json::Value> {
     }))
 }
 
-async fn metrics(State(state): State<AppState>) -> String {
+/// The Prometheus text exposition format's media type.
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     state.guard.publish_metrics();
-    state.prometheus.render()
+    (
+        [(header::CONTENT_TYPE, PROMETHEUS_TEXT)],
+        state.prometheus.render(),
+    )
+}
+
+/// The port to serve on: `PORT`, or 3000 when it is unset.
+pub(crate) fn port_from(variable: Option<&str>) -> Result<u16, String> {
+    match variable {
+        None => Ok(3000),
+        Some(text) => text
+            .trim()
+            .parse()
+            .map_err(|_| format!("PORT={text:?} is not a port number (0 to 65535)")),
+    }
 }
 
 /// A running service: where it listens, and what it is made of.
@@ -335,7 +358,18 @@ pub(crate) async fn start_with(
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    match serve().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+    let port = port_from(std::env::var("PORT").ok().as_deref())?;
     let store = match std::env::var("REDIS_URL") {
         #[cfg(feature = "redis")]
         Ok(url) => {
@@ -352,10 +386,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(_) => Store::seeded(SEEDED_ITEMS),
     };
     let prometheus = PrometheusBuilder::new().install_recorder()?;
-    let port: u16 = std::env::var("PORT")
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(3000);
     let running = start_with(
         app,
         store,

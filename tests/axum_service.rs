@@ -14,6 +14,17 @@ use tokio::net::TcpStream;
 
 /// One HTTP/1.1 request on a fresh connection; returns the status and body.
 async fn http(address: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let (status, _, body) = http_with_head(address, method, path, body).await;
+    (status, body)
+}
+
+/// [`http`], with the response's head (status line and headers) too.
+async fn http_with_head(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String, String) {
     let mut stream = TcpStream::connect(address).await.unwrap();
     let request = format!(
         "{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -30,7 +41,7 @@ async fn http(address: SocketAddr, method: &str, path: &str, body: &str) -> (u16
         .nth(1)
         .and_then(|code| code.parse().ok())
         .expect("a status line");
-    (status, body.to_owned())
+    (status, head.to_ascii_lowercase(), body.to_owned())
 }
 
 fn metric_value(scrape: &str, series: &str) -> Option<f64> {
@@ -50,16 +61,22 @@ async fn guarded_http_service_end_to_end() {
     .unwrap();
     let address = running.address;
 
-    // Absent ids: 404, and (but for false positives) no store read.
+    // Absent ids: 404, and (but for false positives) no store read. The
+    // guard's 404s carry its header, the handler's do not.
     let reads_before = running.store.reads();
     let mut not_found = 0;
+    let mut by_guard = 0;
+    let marker = format!("\r\n{}: bloomguard", example::ANSWERED_BY);
     for i in 0..1_000 {
-        let (status, body) = http(address, "GET", &format!("/items/absent-{i}"), "").await;
+        let (status, head, body) =
+            http_with_head(address, "GET", &format!("/items/absent-{i}"), "").await;
         assert_eq!(status, 404);
         assert!(body.is_empty());
         not_found += 1;
+        by_guard += u64::from(head.contains(&marker));
     }
     let stats = running.guard.stats();
+    assert_eq!(by_guard, stats.checks.absent, "the guard's own 404s say so");
     let store_reads = running.store.reads() - reads_before;
     assert_eq!(not_found, 1_000);
     assert_eq!(
@@ -94,8 +111,12 @@ async fn guarded_http_service_end_to_end() {
     assert!(json["found"].as_u64().unwrap() >= 101);
     assert_eq!(json["store_reads"], running.store.reads());
 
-    let (status, scrape) = http(address, "GET", "/metrics", "").await;
+    let (status, head, scrape) = http_with_head(address, "GET", "/metrics", "").await;
     assert_eq!(status, 200);
+    assert!(
+        head.contains("\r\ncontent-type: text/plain; version=0.0.4"),
+        "the Prometheus text format: {head}"
+    );
     let absent = metric_value(
         &scrape,
         r#"bloomguard_checks_total{guard="items",verdict="absent"}"#,
@@ -188,4 +209,14 @@ async fn ids_that_need_encoding_survive_writes_and_rebuilds_on_redis() {
         .await
         .unwrap();
     encoded_ids_round_trip(&serve(store).await).await;
+}
+
+#[test]
+fn the_port_comes_from_port_or_is_refused() {
+    assert_eq!(example::port_from(None), Ok(3000));
+    assert_eq!(example::port_from(Some("8080")), Ok(8080));
+    for bad in ["", "eighty", "70000", "-1"] {
+        let error = example::port_from(Some(bad)).unwrap_err();
+        assert!(error.contains("PORT"), "{bad:?}: {error}");
+    }
 }

@@ -103,3 +103,71 @@ fn publish_reports_the_stats_with_the_guard_label_and_units() {
     assert_eq!(units[REBUILD_DURATION_SECONDS], Some(Unit::Seconds));
     assert_eq!(units[CHECKS_TOTAL], Some(Unit::Count));
 }
+
+#[test]
+fn the_product_modes_reach_the_recorder() {
+    use bloomguard::metrics::{
+        OVER_FILTERED, OVER_FILTERING_RATIO, SHADOWED_ABSENT_TOTAL, UNVERIFIED_POSITIVES_TOTAL,
+        WOULD_BE_FALSE_NEGATIVES_TOTAL,
+    };
+    use bloomguard::{GuardedLoader, Verify};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let guard = Guard::builder()
+        .name("seen")
+        .expected_items(1_000)
+        .seed(7)
+        .build()
+        .unwrap();
+    for i in 0..1_000 {
+        guard.insert(format!("seen:{i}"));
+    }
+    let store = |key: String| async move {
+        Ok::<_, std::convert::Infallible>(key.starts_with("seen:").then_some(()))
+    };
+    let trusting = GuardedLoader::new(guard.clone(), store)
+        .verify(Verify::None)
+        .unwrap();
+    let shadowing = GuardedLoader::new(guard.clone(), store).shadow();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let keys: Vec<String> = (0..1_000)
+            .map(|i| format!("seen:{i}"))
+            .chain((0..10_000).map(|i| format!("other:{i}")))
+            .collect();
+        trusting.contains_many(&keys).await.unwrap();
+        // Written behind the guard's back: shadow mode catches it.
+        assert!(shadowing.contains("seen:late".into()).await.unwrap());
+    });
+    metrics::with_local_recorder(&recorder, || guard.publish_metrics());
+
+    let stats = guard.stats();
+    let values: HashMap<String, DebugValue> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| (key.key().name().to_owned(), value))
+        .collect();
+    assert!(stats.unverified_positives >= 1_000);
+    assert_eq!(
+        values[UNVERIFIED_POSITIVES_TOTAL],
+        DebugValue::Counter(stats.unverified_positives)
+    );
+    assert_eq!(
+        values[OVER_FILTERED],
+        DebugValue::Gauge(stats.over_filtered.into())
+    );
+    assert!(stats.over_filtered > 0.0);
+    assert_eq!(
+        values[OVER_FILTERING_RATIO],
+        DebugValue::Gauge(stats.over_filtering_rate.unwrap().into())
+    );
+    assert_eq!(values[SHADOWED_ABSENT_TOTAL], DebugValue::Counter(1));
+    assert_eq!(
+        values[WOULD_BE_FALSE_NEGATIVES_TOTAL],
+        DebugValue::Counter(1)
+    );
+}

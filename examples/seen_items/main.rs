@@ -12,8 +12,9 @@
 //! popularity), writes it to the store — an embedded in-memory store, or
 //! Redis when `REDIS_URL` is set — and builds the guard from the store as a
 //! `KeySource`. Then it replays feed requests (120 candidates each, 97 %
-//! unseen by default) through `GuardedLoader::get_many`: one `check_many`,
-//! one batch lookup (MGET) for the "maybe" candidates. Users keep seeing new
+//! unseen by default) through `GuardedLoader::contains_many`: one `check_many`,
+//! one batch lookup (MGET) for the "maybe" candidates (`--verify sample:F` or
+//! `none` trusts most or all of them instead). Users keep seeing new
 //! items, so the history grows while it runs, the filter's drift rises and
 //! the maintenance task rebuilds it (or rotates windows, `--lifecycle
 //! rotate`). The same replay without the guard comes second; the report

@@ -1,12 +1,228 @@
-//! The filters a guard answers from, swapped as one value.
+//! The filters a guard answers from, swapped as one value, and
+//! [`LiveState`]: the only place that swaps them.
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
 use super::writes::WriteTracker;
+use crate::error::IncompatibleFilters;
 use crate::filter::AtomicBloom;
+
+/// The live set, and the only ways to change it.
+///
+/// Readers load the set without a lock. Every change is a method here that
+/// takes the swap lock, reads the current set and stores the next one, so
+/// two changes never interleave and neither loses the other's work (a
+/// rotation racing a rebuild's commit, a merge racing a rebuild). The lock is
+/// never held across an `.await`.
+///
+/// The write trackers live here too: `writes` counts the inserts in
+/// progress against the set, and a rebuild's shadow brings its own; when a
+/// shadow is committed or abandoned its tracker joins `earlier_writes`, and
+/// the next rebuild waits until all of them are quiet ([`Self::writes_quiet`])
+/// before it reads its source (see `writes.rs` for why).
+pub(crate) struct LiveState {
+    set: ArcSwap<LiveSet>,
+    /// Serialises every store of `set`; guards no data of its own, so a
+    /// panic elsewhere cannot leave anything half-changed behind it.
+    swap_lock: Mutex<()>,
+    writes: WriteTracker,
+    /// Pending-write counts of earlier rebuilds' shadows, committed or
+    /// abandoned. Only the counts are kept, so no replaced filter stays in
+    /// memory for them.
+    earlier_writes: Mutex<Vec<Arc<WriteTracker>>>,
+}
+
+impl LiveState {
+    pub(crate) fn new(set: LiveSet) -> Self {
+        Self {
+            set: ArcSwap::from_pointee(set),
+            swap_lock: Mutex::new(()),
+            writes: WriteTracker::new(),
+            earlier_writes: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The set now, for one check or insert.
+    #[inline]
+    pub(crate) fn load(&self) -> arc_swap::Guard<Arc<LiveSet>> {
+        self.set.load()
+    }
+
+    /// The set now, to hold on to.
+    pub(crate) fn load_full(&self) -> Arc<LiveSet> {
+        self.set.load_full()
+    }
+
+    /// The swap cell itself, for a reader's cache (`arc_swap::Cache`), which
+    /// only loads from it.
+    pub(crate) fn cell(&self) -> &ArcSwap<LiveSet> {
+        &self.set
+    }
+
+    /// Inserts in progress against the set: counted in before an insert
+    /// loads the set, out once its write is visible.
+    #[inline]
+    pub(crate) fn writes(&self) -> &WriteTracker {
+        &self.writes
+    }
+
+    /// Whether every insert that may have missed the shadow installed last
+    /// is done: the set's own count, then the earlier shadows' (a pending
+    /// write moves from the first to the second, never back).
+    pub(crate) fn writes_quiet(&self) -> bool {
+        let own_quiet = self.writes.is_quiet();
+        let mut earlier = lock(&self.earlier_writes);
+        earlier.retain(|writes| !writes.is_quiet());
+        own_quiet && earlier.is_empty()
+    }
+
+    /// Starts sending inserts to a rebuild's shadow as well as to the live
+    /// filters.
+    pub(crate) fn install_shadow(&self, shadow: Arc<Shadow>) {
+        let _swap = lock(&self.swap_lock);
+        let set = self.set.load();
+        self.set.store(Arc::new(set.with_shadow(Some(shadow))));
+    }
+
+    /// Makes the shadow the only live filter and ends warming. Refused
+    /// (`false`, nothing changed) when a filter merged during the build
+    /// could not be merged into the shadow: committing would lose its keys.
+    pub(crate) fn commit_shadow(&self, shadow: &Arc<Shadow>) -> bool {
+        {
+            let _swap = lock(&self.swap_lock);
+            if shadow
+                .missed_a_merge
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                return false;
+            }
+            let set = self.set.load();
+            let mut rebuilt = set.serving(vec![Arc::clone(&shadow.generation)]);
+            rebuilt.shadow = None;
+            self.set.store(Arc::new(rebuilt));
+        }
+        // Writes that counted on the shadow while it was built are in the
+        // live filter now, but not in the next rebuild's.
+        self.retire_writes(shadow);
+        true
+    }
+
+    /// Stops sending inserts to `shadow`, if it is still installed.
+    pub(crate) fn abandon_shadow(&self, shadow: &Arc<Shadow>) {
+        {
+            let _swap = lock(&self.swap_lock);
+            let set = self.set.load();
+            if set.shadow.as_ref().is_some_and(|s| Arc::ptr_eq(s, shadow)) {
+                self.set.store(Arc::new(set.with_shadow(None)));
+            }
+        }
+        // Writes that counted on the shadow are only in the live filters
+        // now: the next rebuild must wait for them.
+        self.retire_writes(shadow);
+    }
+
+    fn retire_writes(&self, shadow: &Shadow) {
+        lock(&self.earlier_writes).push(Arc::clone(&shadow.writes));
+    }
+
+    /// Keeps the newest `keep - 1` generations and opens the one `open`
+    /// makes for inserts. `open` runs under the swap lock, so the new
+    /// generation's clock starts after every insert that loaded the old set:
+    /// their keys are kept for a full window. A warming guard is left alone
+    /// (its first build opens the first generation).
+    pub(crate) fn rotate(&self, keep: usize, open: impl FnOnce() -> Generation) {
+        let _swap = lock(&self.swap_lock);
+        let set = self.set.load();
+        if set.warming {
+            return;
+        }
+        let fresh = open();
+        let keep_from = (set.generations.len() + 1).saturating_sub(keep);
+        let mut kept = set.generations[keep_from..].to_vec();
+        kept.push(Arc::new(fresh));
+        self.set.store(Arc::new(set.replaced(kept)));
+    }
+
+    /// Adds the generation `open` makes after `full`, unless another insert
+    /// grew the set first (`full` is no longer the newest) or it already
+    /// holds `max_generations`. `open` may decline (`None`).
+    pub(crate) fn grow(
+        &self,
+        full: &Arc<Generation>,
+        max_generations: usize,
+        open: impl FnOnce() -> Option<Generation>,
+    ) {
+        let _swap = lock(&self.swap_lock);
+        let set = self.set.load();
+        let still_newest = set.newest().is_some_and(|n| Arc::ptr_eq(n, full));
+        if !still_newest || set.generations.len() >= max_generations {
+            return;
+        }
+        if let Some(next) = open() {
+            let mut generations = set.generations.clone();
+            generations.push(Arc::new(next));
+            self.set.store(Arc::new(set.replaced(generations)));
+        }
+    }
+
+    /// ORs `filter` into the newest generation (and into a shadow being
+    /// built, or marks that shadow as having missed it); with no generation
+    /// yet, installs it as the first one through `first`. Never ends warming.
+    ///
+    /// # Errors
+    /// [`IncompatibleFilters`] unless `filter` has the newest filter's
+    /// geometry, or (with none) the `seed` the guard's filters use.
+    pub(crate) fn merge(
+        &self,
+        filter: AtomicBloom,
+        seed: u64,
+        first: impl FnOnce(AtomicBloom) -> Generation,
+    ) -> Result<(), IncompatibleFilters> {
+        let _swap = lock(&self.swap_lock);
+        let set = self.set.load();
+        match set.newest() {
+            Some(newest) => newest.filter.union(&filter)?,
+            None if filter.seed() != seed => {
+                return Err(IncompatibleFilters { parameter: "seed" });
+            }
+            None => {}
+        }
+        if let Some(shadow) = &set.shadow
+            && shadow.generation.filter.union(&filter).is_err()
+        {
+            // Read by `commit_shadow`, under this same lock.
+            shadow
+                .missed_a_merge
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        if set.newest().is_none() {
+            self.set
+                .store(Arc::new(set.replaced(vec![Arc::new(first(filter))])));
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for LiveState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveState")
+            .field("set", &self.set.load())
+            .field("writes", &self.writes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Locks `mutex`, whose data stays consistent whatever a panicking holder
+/// did (a unit, or a list only ever pushed to and filtered).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// What a guard's queries and inserts see at one moment: swapped whole
 /// through `ArcSwap`, never changed in place (the filters' bits aside).
@@ -130,7 +346,7 @@ pub(crate) struct Shadow {
     /// Becomes the live generation when the rebuild commits.
     pub(crate) generation: Arc<Generation>,
     /// Shared with the pending writes that count on this filter, and kept
-    /// by the guard after this build ends (see `Guard::earlier_writes`).
+    /// by the guard after this build ends (see `LiveState`).
     pub(crate) writes: Arc<WriteTracker>,
     /// Set when a filter merged into the live set could not be merged into
     /// this one: committing it would lose that filter's keys.

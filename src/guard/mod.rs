@@ -47,7 +47,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use tokio::sync::Notify;
 
 use crate::error::{ConfigError, IncompatibleFilters, StillWarming};
@@ -55,7 +54,7 @@ use crate::filter::{
     AtomicBloom, DEFAULT_MAX_BYTES, FilterBuilder, check_false_positive_rate, hash_key, random_seed,
 };
 use crate::stats::StripedCounters;
-use live::{Generation, LiveSet};
+use live::{Generation, LiveSet, LiveState};
 pub use maintenance::MaintenanceHandle;
 pub use policy::{Lifecycle, MAX_DURATION, Rebuild};
 use policy::{MAX_GROWN_FILTERS, check_duration};
@@ -65,8 +64,8 @@ pub use source::{KeySource, SourceError};
 use staleness::{StalenessCheck, StalenessSampler, Verifier};
 use stats::{Counter, History};
 pub use stats::{GuardStats, RebuildCounts, VerdictCounts};
+use writes::HeldIn;
 pub use writes::PendingWrite;
-use writes::{HeldIn, WriteTracker};
 
 /// A guard's answer for a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -104,17 +103,10 @@ struct Inner {
     source: Option<Box<dyn KeySource>>,
     seed: u64,
     max_bytes: u64,
-    live: ArcSwap<LiveSet>,
-    /// Serialises every change of `live`; never held across an `.await`.
-    swap_lock: Mutex<()>,
+    /// The live filters; every change of them goes through its methods.
+    live: LiveState,
     /// One rebuild at a time.
     rebuild_lock: tokio::sync::Mutex<()>,
-    writes: WriteTracker,
-    /// Pending-write counts of earlier rebuilds' filters (committed or
-    /// abandoned): writes that went into such a filter but not into the next
-    /// one, so the next rebuild waits for them. Only the counts are kept, so
-    /// no replaced filter stays in memory for them.
-    earlier_writes: Mutex<Vec<Arc<WriteTracker>>>,
     counters: StripedCounters<{ Counter::COUNT }>,
     history: Mutex<History>,
     /// Set by the staleness check: the filter missed writes.
@@ -288,31 +280,10 @@ impl Guard {
     /// [`IncompatibleFilters`] unless the filter has the newest filter's bits,
     /// k and seed (while warming: the guard's seed).
     pub fn merge_filter(&self, filter: AtomicBloom) -> Result<(), IncompatibleFilters> {
-        let _swap = self.lock_swaps();
-        let live = self.inner.live.load();
-        match live.newest() {
-            Some(newest) => newest.filter.union(&filter)?,
-            None if filter.seed() != self.inner.seed => {
-                return Err(IncompatibleFilters { parameter: "seed" });
-            }
-            None => {}
-        }
-        if let Some(shadow) = &live.shadow
-            && shadow.generation.filter.union(&filter).is_err()
-        {
-            // Checked by the rebuild's commit, under this same lock.
-            shadow
-                .missed_a_merge
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-        if live.newest().is_none() {
+        self.inner.live.merge(filter, self.inner.seed, |filter| {
             let capacity = filter.stats().capacity.unwrap_or(self.inner.expected_items);
-            let generation = Generation::new(filter, capacity, self.first_filter_rate());
-            self.inner
-                .live
-                .store(Arc::new(live.replaced(vec![Arc::new(generation)])));
-        }
-        Ok(())
+            Generation::new(filter, capacity, self.first_filter_rate())
+        })
     }
 
     /// The filters live now, oldest first (none while warming). The value
@@ -350,11 +321,12 @@ impl Guard {
     /// call, or be covered by a [`PendingWrite`] ([`begin_write`](Self::begin_write)).
     #[inline]
     pub fn insert(&self, key: impl AsRef<[u8]>) {
-        let stripe = self.inner.writes.enter();
+        let writes = self.inner.live.writes();
+        let stripe = writes.enter();
         let live = self.inner.live.load();
         self.insert_into(&live, key.as_ref());
         drop(live);
-        self.inner.writes.exit(stripe);
+        writes.exit(stripe);
     }
 
     /// [`insert`](Self::insert) for a write that may take a while: the
@@ -362,7 +334,8 @@ impl Guard {
     /// reads the source. Drop it once the write is visible in the store.
     pub fn begin_write(&self, key: impl AsRef<[u8]>) -> PendingWrite {
         let key = key.as_ref();
-        let stripe = self.inner.writes.enter();
+        let writes = self.inner.live.writes();
+        let stripe = writes.enter();
         let live = self.inner.live.load();
         self.insert_into(&live, key);
         let held = match &live.shadow {
@@ -370,7 +343,7 @@ impl Guard {
                 // The key is in the filter being built: that build does not
                 // need to wait, but the next one must.
                 let shadow_stripe = shadow.writes.enter();
-                self.inner.writes.exit(stripe);
+                writes.exit(stripe);
                 HeldIn::Shadow(Arc::clone(&shadow.writes), shadow_stripe)
             }
             None => HeldIn::Guard(stripe),
@@ -569,20 +542,9 @@ impl Guard {
         };
         let rate = self.first_filter_rate();
         let filter = self.new_filter(self.inner.expected_items, rate)?;
-        let _swap = self.lock_swaps();
-        // Opened (and timed) under the swap lock: an insert that loaded the
-        // set before this swap began before `opened_at`, so the window its
-        // key is kept for is counted from no later than its insert.
-        let fresh = Generation::new(filter, self.inner.expected_items, rate);
-        let live = self.inner.live.load();
-        if live.warming {
-            // The first build opens the first generation.
-            return Ok(());
-        }
-        let keep_from = (live.generations.len() + 1).saturating_sub(generations);
-        let mut kept: Vec<_> = live.generations[keep_from..].to_vec();
-        kept.push(Arc::new(fresh));
-        self.inner.live.store(Arc::new(live.replaced(kept)));
+        self.inner.live.rotate(generations, || {
+            Generation::new(filter, self.inner.expected_items, rate)
+        });
         Ok(())
     }
 
@@ -596,25 +558,18 @@ impl Guard {
         else {
             return;
         };
-        let _swap = self.lock_swaps();
-        let live = self.inner.live.load();
-        let still_newest = live.newest().is_some_and(|n| Arc::ptr_eq(n, full));
-        if !still_newest || live.generations.len() >= MAX_GROWN_FILTERS {
-            return;
-        }
-        let capacity = (full.capacity as f64 * expansion).ceil() as u64;
-        match self.new_generation(capacity, full.fp_rate * tightening) {
-            Ok(next) => {
-                let mut generations = live.generations.clone();
-                generations.push(Arc::new(next));
-                self.inner.live.store(Arc::new(live.replaced(generations)));
-            }
-            Err(error) => tracing::warn!(
-                guard = %self.inner.name,
-                %error,
-                "cannot grow: the newest filter keeps taking inserts past its capacity"
-            ),
-        }
+        self.inner.live.grow(full, MAX_GROWN_FILTERS, || {
+            let capacity = (full.capacity as f64 * expansion).ceil() as u64;
+            self.new_generation(capacity, full.fp_rate * tightening)
+                .inspect_err(|error| {
+                    tracing::warn!(
+                        guard = %self.inner.name,
+                        %error,
+                        "cannot grow: the newest filter keeps taking inserts past its capacity"
+                    );
+                })
+                .ok()
+        });
     }
 
     fn new_generation(&self, capacity: u64, fp_rate: f64) -> Result<Generation, ConfigError> {
@@ -633,15 +588,6 @@ impl Guard {
         self.inner
             .lifecycle
             .first_filter_rate(self.inner.target_fpr)
-    }
-
-    fn lock_swaps(&self) -> MutexGuard<'_, ()> {
-        // The lock guards no data of its own, so a panic elsewhere cannot
-        // leave anything half-changed behind it.
-        self.inner
-            .swap_lock
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn history(&self) -> MutexGuard<'_, History> {
@@ -918,11 +864,8 @@ impl GuardBuilder {
                 source: self.source,
                 seed,
                 max_bytes: self.max_bytes,
-                live: ArcSwap::from_pointee(live),
-                swap_lock: Mutex::new(()),
+                live: LiveState::new(live),
                 rebuild_lock: tokio::sync::Mutex::new(()),
-                writes: WriteTracker::new(),
-                earlier_writes: Mutex::new(Vec::new()),
                 counters: StripedCounters::new(),
                 history: Mutex::new(History::default()),
                 stale: AtomicBool::new(false),

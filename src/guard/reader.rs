@@ -60,7 +60,7 @@ impl Deref for LiveSwap {
     type Target = ArcSwap<LiveSet>;
 
     fn deref(&self) -> &Self::Target {
-        &self.0.live
+        self.0.live.cell()
     }
 }
 

@@ -18,8 +18,8 @@
 
 use std::fmt;
 use std::future::poll_fn;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, MutexGuard};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
@@ -212,29 +212,9 @@ impl Guard {
     /// Waits until every insert begun before the shadow was installed has
     /// finished, abandoned rebuilds' pending writes included.
     async fn wait_for_earlier_writes(&self) {
-        loop {
-            // The guard's count first: a pending write moves from it to an
-            // earlier shadow's count, never back.
-            let guard_quiet = self.inner.writes.is_quiet();
-            let earlier_quiet = {
-                let mut earlier = self.earlier_writes();
-                earlier.retain(|writes| !writes.is_quiet());
-                earlier.is_empty()
-            };
-            if guard_quiet && earlier_quiet {
-                return;
-            }
+        while !self.inner.live.writes_quiet() {
             tokio::time::sleep(PENDING_WRITES_POLL).await;
         }
-    }
-
-    /// The pending-write counts of earlier rebuilds' filters, committed or
-    /// abandoned, that the next rebuild waits for.
-    fn earlier_writes(&self) -> MutexGuard<'_, Vec<Arc<WriteTracker>>> {
-        self.inner
-            .earlier_writes
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn record_attempt(&self, report: RebuildReport, built: Option<&Built>) {
@@ -286,12 +266,7 @@ struct Installed<'a> {
 
 impl<'a> Installed<'a> {
     fn new(guard: &'a Guard, shadow: Arc<Shadow>) -> Self {
-        let _swap = guard.lock_swaps();
-        let live = guard.inner.live.load();
-        guard
-            .inner
-            .live
-            .store(Arc::new(live.with_shadow(Some(Arc::clone(&shadow)))));
+        guard.inner.live.install_shadow(Arc::clone(&shadow));
         Self {
             guard,
             shadow,
@@ -303,23 +278,9 @@ impl<'a> Installed<'a> {
     /// would be lost by that (then it is abandoned).
     fn commit(mut self, keys: u64) -> Result<(), RebuildError> {
         let inner = &self.guard.inner;
-        {
-            // Under the swap lock, which `merge_filter` takes as well.
-            let _swap = self.guard.lock_swaps();
-            if self.shadow.missed_a_merge.load(Ordering::Relaxed) {
-                return Err(RebuildError::MergedDuringRebuild);
-            }
-            let live = inner.live.load();
-            let mut rebuilt = live.serving(vec![Arc::clone(&self.shadow.generation)]);
-            rebuilt.shadow = None;
-            inner.live.store(Arc::new(rebuilt));
+        if !inner.live.commit_shadow(&self.shadow) {
+            return Err(RebuildError::MergedDuringRebuild);
         }
-        // Writes that counted on this shadow while it was being built are
-        // in the live filter now, but not in the next rebuild's: that one
-        // must wait for them as well.
-        self.guard
-            .earlier_writes()
-            .push(Arc::clone(&self.shadow.writes));
         self.committed = true;
         let baseline = self.guard.baseline_now();
         self.guard.history().baseline = baseline;
@@ -338,26 +299,9 @@ impl<'a> Installed<'a> {
 
 impl Drop for Installed<'_> {
     fn drop(&mut self) {
-        if self.committed {
-            return;
+        if !self.committed {
+            self.guard.inner.live.abandon_shadow(&self.shadow);
         }
-        let inner = &self.guard.inner;
-        {
-            let _swap = self.guard.lock_swaps();
-            let live = inner.live.load();
-            if live
-                .shadow
-                .as_ref()
-                .is_some_and(|s| Arc::ptr_eq(s, &self.shadow))
-            {
-                inner.live.store(Arc::new(live.with_shadow(None)));
-            }
-        }
-        // Writes that counted on this shadow are now only in the live
-        // filters: the next rebuild must wait for them.
-        self.guard
-            .earlier_writes()
-            .push(Arc::clone(&self.shadow.writes));
     }
 }
 

@@ -107,7 +107,7 @@ impl Drop for PendingWrite {
             confirmed.note_insert(key);
         }
         match &self.held {
-            HeldIn::Guard(stripe) => self.guard.inner.writes.exit(*stripe),
+            HeldIn::Guard(stripe) => self.guard.inner.live.writes().exit(*stripe),
             HeldIn::Shadow(writes, stripe) => writes.exit(*stripe),
         }
     }

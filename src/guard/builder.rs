@@ -1,0 +1,253 @@
+//! [`GuardBuilder`]: a guard's options, checked when it is built.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::confirmed::ConfirmedAbsent;
+use super::live::{Generation, LiveSet, LiveState};
+use super::policy::{Lifecycle, Rebuild, check_duration};
+use super::source::{KeySource, SourceError};
+use super::staleness::StalenessCheck;
+use super::stats::History;
+use super::{Guard, Inner};
+use crate::error::ConfigError;
+use crate::filter::{DEFAULT_MAX_BYTES, FilterBuilder, check_false_positive_rate, random_seed};
+use crate::stats::StripedCounters;
+
+/// Options for a [`Guard`]; every option has a default but the name.
+///
+/// ```
+/// use std::time::Duration;
+/// use bloomguard::{Guard, Lifecycle, Rebuild};
+///
+/// let guard = Guard::builder()
+///     .name("seen_items")
+///     .expected_items(1_000_000)
+///     .false_positive_rate(0.01)
+///     .lifecycle(Lifecycle::rotate(30, Duration::from_secs(24 * 3600)))
+///     .build()?;
+/// assert_eq!(guard.stats().generations, 1);
+/// # Ok::<(), bloomguard::ConfigError>(())
+/// ```
+#[must_use]
+pub struct GuardBuilder {
+    name: String,
+    expected_items: u64,
+    false_positive_rate: f64,
+    lifecycle: Lifecycle,
+    rebuild: Rebuild,
+    source: Option<Box<dyn KeySource>>,
+    seed: Option<u64>,
+    max_bytes: u64,
+    staleness: Option<StalenessCheck>,
+    maintenance_interval: Duration,
+    confirmed_absent: Option<(usize, Duration)>,
+}
+
+impl Default for GuardBuilder {
+    fn default() -> Self {
+        Self {
+            name: "default".to_owned(),
+            expected_items: Self::DEFAULT_EXPECTED_ITEMS,
+            false_positive_rate: Self::DEFAULT_FALSE_POSITIVE_RATE,
+            lifecycle: Lifecycle::Single,
+            rebuild: Rebuild::default(),
+            source: None,
+            seed: None,
+            max_bytes: DEFAULT_MAX_BYTES,
+            staleness: None,
+            maintenance_interval: Self::DEFAULT_MAINTENANCE_INTERVAL,
+            confirmed_absent: None,
+        }
+    }
+}
+
+impl GuardBuilder {
+    /// Items a guard is sized for unless told: 1 million.
+    pub const DEFAULT_EXPECTED_ITEMS: u64 = 1_000_000;
+    /// The target false-positive rate unless told: 1 %.
+    pub const DEFAULT_FALSE_POSITIVE_RATE: f64 = 0.01;
+    /// How often the maintenance task looks at the policies unless told: 1 s.
+    pub const DEFAULT_MAINTENANCE_INTERVAL: Duration = Duration::from_secs(1);
+
+    /// How often the maintenance task evaluates the rebuild triggers and
+    /// (with the `metrics` feature) publishes metrics. Rotations happen on
+    /// time whatever this is.
+    pub fn maintenance_interval(mut self, interval: Duration) -> Self {
+        self.maintenance_interval = interval;
+        self
+    }
+
+    /// A name for logs and the `guard` metrics label (default `"default"`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Distinct keys the filter is sized for (per generation when rotating).
+    pub fn expected_items(mut self, items: u64) -> Self {
+        self.expected_items = items;
+        self
+    }
+
+    /// The false-positive rate to hold at `expected_items` (default 1 %).
+    pub fn false_positive_rate(mut self, rate: f64) -> Self {
+        self.false_positive_rate = rate;
+        self
+    }
+
+    /// How the filters age: [`Lifecycle::Single`] (default), rotation or growth.
+    pub fn lifecycle(mut self, lifecycle: Lifecycle) -> Self {
+        self.lifecycle = lifecycle;
+        self
+    }
+
+    /// When and how to rebuild from the [`source`](Self::source).
+    pub fn rebuild(mut self, policy: Rebuild) -> Self {
+        self.rebuild = policy;
+        self
+    }
+
+    /// Where rebuilds read every key from. A guard with a source starts
+    /// [`Verdict::Warming`](super::Verdict::Warming) and serves once its first build completes; a
+    /// guard without one starts with an empty filter and learns every key
+    /// through [`Guard::insert`].
+    pub fn source(mut self, source: impl KeySource) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+
+    /// Fixes the hash seed of every filter of the guard (random otherwise),
+    /// for filters that must agree across processes.
+    ///
+    /// **Keep a fixed seed secret.** Whoever knows it can compute keys that
+    /// all land in one block, which defeats the filter (they pass it 100 % of
+    /// the time) while its statistics barely move; snapshots carry the seed
+    /// in the clear. See SECURITY.md in the repository.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// The most bytes one filter may take (default 4 GiB).
+    pub fn max_bytes(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    /// Samples `fraction` of the `Absent` answers and asks `exists` whether
+    /// the store has the key anyway, off the request path, in the
+    /// maintenance task. A key found there was written without
+    /// [`Guard::insert`]: the filter is stale. The guard counts it
+    /// ([`GuardStats::stale_negatives`](super::GuardStats::stale_negatives)), logs it and rebuilds.
+    ///
+    /// A sampled answer costs one copy of the key; when the queue of keys to
+    /// verify is full, samples are dropped.
+    pub fn staleness_check<F, Fut>(mut self, fraction: f64, exists: F) -> Self
+    where
+        F: Fn(Vec<u8>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<bool, SourceError>> + Send + 'static,
+    {
+        self.staleness = Some(StalenessCheck::new(fraction, exists));
+        self
+    }
+
+    /// Remembers up to `capacity` keys the backend confirmed absent after a
+    /// false positive, for `ttl`, so that a [`GuardedLoader`](crate::GuardedLoader)
+    /// answers them absent next time without asking again. Off by default.
+    ///
+    /// The trade-off: a hot false positive stops costing a backend call, but
+    /// every insert then also writes a mark into this cache (a small
+    /// allocation and a map write), and an answer is only cached when no
+    /// insert of the key happened within the rebuild policy's
+    /// [`write_settle`](Rebuild::write_settle) before the backend was asked,
+    /// so that no cached answer can hide a key being written.
+    pub fn confirmed_absent_cache(mut self, capacity: usize, ttl: Duration) -> Self {
+        self.confirmed_absent = Some((capacity, ttl));
+        self
+    }
+
+    /// Builds the guard.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first option out of range: zero items, a
+    /// rate outside (0, 1), a lifecycle or rebuild parameter out of range,
+    /// or a first filter over the memory budget.
+    pub fn build(self) -> Result<Guard, ConfigError> {
+        check_false_positive_rate(self.false_positive_rate)?;
+        check_duration("maintenance_interval", self.maintenance_interval)?;
+        self.lifecycle.validate()?;
+        self.rebuild.validate(self.false_positive_rate)?;
+        let first_rate = self.lifecycle.first_filter_rate(self.false_positive_rate);
+        // Sizing the first filter checks items, rate and budget, even for a
+        // guard that only builds it after its first scan.
+        let first = FilterBuilder::for_items(self.expected_items, first_rate)
+            .seed(self.seed.unwrap_or_else(random_seed))
+            .max_bytes(self.max_bytes)
+            .build()?;
+        let seed = first.seed();
+        let (staleness, verifier) = match self.staleness {
+            Some(check) => {
+                let (sampler, verifier) = check.split()?;
+                (Some(sampler), Some(verifier))
+            }
+            None => (None, None),
+        };
+        let live = match self.source {
+            Some(_) => LiveSet::warming(),
+            None => LiveSet::warming().serving(vec![Arc::new(Generation::new(
+                first,
+                self.expected_items,
+                first_rate,
+            ))]),
+        };
+        let confirmed_absent = self
+            .confirmed_absent
+            .map(|(capacity, ttl)| ConfirmedAbsent::new(capacity, ttl, self.rebuild.write_settle))
+            .transpose()?;
+        let guard = Guard {
+            inner: Arc::new(Inner {
+                name: self.name,
+                expected_items: self.expected_items,
+                target_fpr: self.false_positive_rate,
+                lifecycle: self.lifecycle,
+                rebuild: self.rebuild,
+                source: self.source,
+                seed,
+                max_bytes: self.max_bytes,
+                live: LiveState::new(live),
+                rebuild_lock: tokio::sync::Mutex::new(()),
+                counters: StripedCounters::new(),
+                history: Mutex::new(History::default()),
+                stale: AtomicBool::new(false),
+                wake: Arc::new(Notify::new()),
+                left_warming: Notify::new(),
+                maintenance_tasks: Arc::new(AtomicUsize::new(0)),
+                built_at: tokio::time::Instant::now(),
+                maintenance_interval: self.maintenance_interval,
+                staleness,
+                verifier: Mutex::new(verifier),
+                confirmed_absent,
+            }),
+        };
+        Ok(guard)
+    }
+}
+
+impl fmt::Debug for GuardBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuardBuilder")
+            .field("name", &self.name)
+            .field("expected_items", &self.expected_items)
+            .field("false_positive_rate", &self.false_positive_rate)
+            .field("lifecycle", &self.lifecycle)
+            .field("rebuild", &self.rebuild)
+            .field("source", &self.source.is_some())
+            .field("staleness_check", &self.staleness.is_some())
+            .finish_non_exhaustive()
+    }
+}

@@ -36,9 +36,9 @@ pub const FILL_RATIO: &str = "bloomguard_fill_ratio";
 /// Distinct keys the fill implies.
 pub const ESTIMATED_ITEMS: &str = "bloomguard_estimated_items";
 /// False-positive rate the fill implies.
-pub const ESTIMATED_FPR: &str = "bloomguard_estimated_fpr";
+pub const ESTIMATED_FPR: &str = "bloomguard_estimated_false_positive_ratio";
 /// False positives ÷ (false positives + absent answers) since the last rebuild.
-pub const OBSERVED_FPR: &str = "bloomguard_observed_fpr";
+pub const OBSERVED_FPR: &str = "bloomguard_observed_false_positive_ratio";
 /// Share of checks that went on to the backend.
 pub const PASS_THROUGH_RATIO: &str = "bloomguard_pass_through_ratio";
 /// The larger of estimated and observed FPR over the target.
@@ -53,6 +53,10 @@ pub const REDUNDANT_INSERTS_TOTAL: &str = "bloomguard_redundant_inserts_total";
 pub const WARMING: &str = "bloomguard_warming";
 /// 1 while a maintenance task runs; 0 once it stopped or died.
 pub const MAINTENANCE_RUNNING: &str = "bloomguard_maintenance_running";
+/// 1 while a rebuild is filling a new filter.
+pub const REBUILDING: &str = "bloomguard_rebuilding";
+/// When the last rebuild succeeded, in seconds since the Unix epoch.
+pub const LAST_REBUILD_SUCCESS_SECONDS: &str = "bloomguard_last_rebuild_success_timestamp_seconds";
 /// `MaybePresent` answers trusted as present without a backend call (`Verify`).
 pub const UNVERIFIED_POSITIVES_TOTAL: &str = "bloomguard_unverified_positives_total";
 /// Trusted positives estimated false: absent keys answered present.
@@ -86,34 +90,23 @@ pub fn describe() {
         Unit::Seconds,
         "Duration of rebuild attempts"
     );
-    describe_gauge!(
-        FILL_RATIO,
-        Unit::Count,
-        "Share of bits set in the newest filter"
-    );
+    describe_gauge!(FILL_RATIO, "Share of bits set in the newest filter");
     describe_gauge!(
         ESTIMATED_ITEMS,
         Unit::Count,
         "Distinct keys implied by the fill"
     );
-    describe_gauge!(
-        ESTIMATED_FPR,
-        Unit::Count,
-        "False-positive rate implied by the fill"
-    );
+    describe_gauge!(ESTIMATED_FPR, "False-positive rate implied by the fill");
     describe_gauge!(
         OBSERVED_FPR,
-        Unit::Count,
         "False positives / (false positives + absent verdicts) since the last rebuild"
     );
     describe_gauge!(
         PASS_THROUGH_RATIO,
-        Unit::Count,
         "Share of checks passed on to the backend"
     );
     describe_gauge!(
         DRIFT_RATIO,
-        Unit::Count,
         "Larger of estimated and observed false-positive rate over the target"
     );
     describe_gauge!(GENERATIONS, Unit::Count, "Live filters");
@@ -122,6 +115,16 @@ pub fn describe() {
         REDUNDANT_INSERTS_TOTAL,
         Unit::Count,
         "Inserts that set no new bit: repeated keys, or keys crowding a few blocks"
+    );
+    describe_gauge!(
+        REBUILDING,
+        Unit::Count,
+        "1 while a rebuild is filling a new filter"
+    );
+    describe_gauge!(
+        LAST_REBUILD_SUCCESS_SECONDS,
+        Unit::Seconds,
+        "When the last rebuild succeeded, in seconds since the Unix epoch"
     );
     describe_gauge!(
         WARMING,
@@ -145,7 +148,6 @@ pub fn describe() {
     );
     describe_gauge!(
         OVER_FILTERING_RATIO,
-        Unit::Count,
         "Over-filtered keys / absent keys checked"
     );
     describe_counter!(
@@ -204,6 +206,13 @@ impl Guard {
         gauge!(WARMING, "guard" => name.clone()).set(f64::from(u8::from(stats.warming)));
         gauge!(MAINTENANCE_RUNNING, "guard" => name.clone())
             .set(f64::from(u8::from(stats.maintenance_running)));
+        gauge!(REBUILDING, "guard" => name.clone()).set(f64::from(u8::from(stats.rebuilding)));
+        if let Some(at) = stats.last_rebuild_succeeded_at
+            && let Ok(since_epoch) = at.duration_since(std::time::UNIX_EPOCH)
+        {
+            gauge!(LAST_REBUILD_SUCCESS_SECONDS, "guard" => name.clone())
+                .set(since_epoch.as_secs_f64());
+        }
         counter!(UNVERIFIED_POSITIVES_TOTAL, "guard" => name.clone())
             .absolute(stats.unverified_positives);
         gauge!(OVER_FILTERED, "guard" => name.clone()).set(stats.over_filtered);

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use bloomguard::metrics::{
     CHECKS_TOTAL, DRIFT_RATIO, ESTIMATED_FPR, FALSE_POSITIVES_TOTAL, FILL_RATIO, GENERATIONS,
-    INSERTS_TOTAL, MEMORY_BYTES, OBSERVED_FPR, PASS_THROUGH_RATIO, REBUILD_DURATION_SECONDS,
-    REBUILDS_TOTAL,
+    INSERTS_TOTAL, LAST_REBUILD_SUCCESS_SECONDS, MEMORY_BYTES, OBSERVED_FPR, PASS_THROUGH_RATIO,
+    REBUILD_DURATION_SECONDS, REBUILDING, REBUILDS_TOTAL,
 };
 use bloomguard::{Guard, source};
 use metrics::Unit;
@@ -99,7 +99,24 @@ fn publish_reports_the_stats_with_the_guard_label_and_units() {
         Some(DebugValue::Histogram(samples)) => assert_eq!(samples.len(), 1),
         other => panic!("rebuild duration: {other:?}"),
     }
+    assert_eq!(get(REBUILDING, ""), Some(&DebugValue::Gauge(0.0.into())));
+    match get(LAST_REBUILD_SUCCESS_SECONDS, "") {
+        // After 2020: a wall-clock time, not a duration.
+        Some(DebugValue::Gauge(at)) => assert!(at.0 > 1.6e9, "{at}"),
+        other => panic!("last rebuild: {other:?}"),
+    }
     assert_eq!(units[MEMORY_BYTES], Some(Unit::Bytes));
+    // A ratio is neither a count nor a percentage: no unit.
+    for ratio in [
+        FILL_RATIO,
+        ESTIMATED_FPR,
+        OBSERVED_FPR,
+        PASS_THROUGH_RATIO,
+        DRIFT_RATIO,
+    ] {
+        assert!(ratio.ends_with("_ratio"), "{ratio}");
+        assert_eq!(units[ratio], None, "{ratio}");
+    }
     assert_eq!(units[REBUILD_DURATION_SECONDS], Some(Unit::Seconds));
     assert_eq!(units[CHECKS_TOTAL], Some(Unit::Count));
 }

@@ -100,8 +100,11 @@ impl Guard {
             warming_reported_at: None,
             _running: Running::count(&self.inner.maintenance_tasks, &self.inner.name),
         };
+        let span = tracing::info_span!("bloomguard.maintenance", guard = %self.inner.name);
         MaintenanceHandle {
-            task: StoppableTask::spawn("guard maintenance", |stopped| task.run(stopped, verifier)),
+            task: StoppableTask::spawn("guard maintenance", |stopped| {
+                tracing::Instrument::instrument(task.run(stopped, verifier), span)
+            }),
         }
     }
 

@@ -88,7 +88,28 @@ impl Verdict {
 }
 
 /// Live Bloom filters in front of a store; cheap to clone (an `Arc` inside),
-/// `Send + Sync`. See the [module docs](self) for the ordering rule.
+/// `Send + Sync`. Made by [`Guard::builder`]; see the [module docs](self)
+/// for the ordering rule.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use bloomguard::{Guard, Verdict, source};
+///
+/// let guard = Guard::builder()
+///     .name("items")
+///     .expected_items(10_000)
+///     .source(source::from_fn(|| ["item:1"])) // lists the store's keys
+///     .build()?;
+/// let maintenance = guard.spawn_maintenance(); // first build, then rebuilds
+/// guard.ready().await;
+/// guard.insert("item:2"); // before the store write
+/// assert_eq!(guard.check("item:1"), Verdict::MaybePresent);
+/// assert_eq!(guard.check("item:2"), Verdict::MaybePresent);
+/// assert_eq!(guard.check("item:3"), Verdict::Absent); // no store call needed
+/// maintenance.shutdown().await;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
 #[derive(Clone)]
 pub struct Guard {
     inner: Arc<Inner>,
@@ -540,6 +561,7 @@ impl Guard {
         let Lifecycle::Rotate { generations, .. } = self.inner.lifecycle else {
             return Ok(());
         };
+        let _span = tracing::info_span!("bloomguard.rotate", guard = %self.inner.name).entered();
         let rate = self.first_filter_rate();
         let filter = self.new_filter(self.inner.expected_items, rate)?;
         self.inner.live.rotate(generations, || {

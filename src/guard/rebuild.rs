@@ -20,7 +20,9 @@ use std::fmt;
 use std::future::poll_fn;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+
 use std::time::{Duration, SystemTime};
+use tracing::Instrument;
 
 use tokio::time::Instant;
 
@@ -148,10 +150,12 @@ impl Guard {
             finished: false,
         };
         let timeout = self.inner.rebuild.timeout;
+        let span = tracing::info_span!("bloomguard.rebuild", guard = %self.inner.name);
         let result = tokio::time::timeout(timeout, self.build_from(source.as_ref()))
+            .instrument(span.clone())
             .await
             .unwrap_or(Err(RebuildError::TimedOut(timeout)));
-        attempt.finish(result)
+        span.in_scope(|| attempt.finish(result))
     }
 
     async fn build_from(&self, source: &dyn KeySource) -> Result<Built, RebuildError> {
@@ -229,6 +233,7 @@ impl Guard {
         if let Some(built) = built {
             history.last_counted = Some(built.keys);
             history.last_success_at = Some(Instant::now());
+            history.last_success_time = Some(std::time::SystemTime::now());
         }
         #[cfg(feature = "metrics")]
         crate::metrics::record_rebuild(&self.inner.name, &report);

@@ -42,6 +42,8 @@ impl Counter {
 pub(crate) struct History {
     pub(crate) last_rebuild: Option<RebuildReport>,
     pub(crate) last_success_at: Option<Instant>,
+    /// The same moment by the wall clock, for dashboards.
+    pub(crate) last_success_time: Option<std::time::SystemTime>,
     /// Keys the last successful rebuild read from the source.
     pub(crate) last_counted: Option<u64>,
     pub(crate) rebuilds: RebuildCounts,
@@ -230,6 +232,8 @@ pub struct GuardStats {
     pub rebuilds: RebuildCounts,
     /// The last rebuild attempt, if any.
     pub last_rebuild: Option<RebuildReport>,
+    /// When the last rebuild succeeded, by the wall clock.
+    pub last_rebuild_succeeded_at: Option<std::time::SystemTime>,
 }
 
 impl Guard {
@@ -247,12 +251,13 @@ impl Guard {
         let false_positives = count(Counter::FalsePositives);
         let outcomes = self.outcomes();
         let removed = count(Counter::Removed);
-        let (baseline, rebuilds, last_rebuild) = {
+        let (baseline, rebuilds, last_rebuild, last_rebuild_succeeded_at) = {
             let history = self.history();
             (
                 history.baseline,
                 history.rebuilds,
                 history.last_rebuild.clone(),
+                history.last_success_time,
             )
         };
 
@@ -320,6 +325,7 @@ impl Guard {
             rebuilding: live.shadow.is_some(),
             rebuilds,
             last_rebuild,
+            last_rebuild_succeeded_at,
         }
     }
 

@@ -7,27 +7,34 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::FutureExt;
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
-/// A spawned task and the sender that stops it: dropping this closes the
-/// channel, and the task ends at its next step.
+/// A spawned task and the token that stops it: dropping this cancels the
+/// token, and the task ends at its next step.
 #[derive(Debug)]
 pub(crate) struct StoppableTask {
-    stop: Option<oneshot::Sender<()>>,
+    stop: CancellationToken,
     task: Option<JoinHandle<()>>,
     panicked: Arc<AtomicBool>,
 }
 
 impl StoppableTask {
-    /// Spawns `run(stopped)`; `stopped` resolves when the task should end.
-    /// A panic inside it ends the task, is logged at ERROR with `what`, and
-    /// shows in [`panicked`](Self::panicked).
-    pub(crate) fn spawn<F>(what: &'static str, run: impl FnOnce(oneshot::Receiver<()>) -> F) -> Self
+    /// Spawns `run(stop)`; `stop` is cancelled when the task should end:
+    /// when this is dropped or shut down, or when `shutdown` (an
+    /// application's own token, if given) is cancelled. A panic inside it
+    /// ends the task, is logged at ERROR with `what`, and shows in
+    /// [`panicked`](Self::panicked).
+    pub(crate) fn spawn<F>(
+        what: &'static str,
+        shutdown: Option<&CancellationToken>,
+        run: impl FnOnce(CancellationToken) -> F,
+    ) -> Self
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let (stop, stopped) = oneshot::channel();
+        let stop = shutdown.map_or_else(CancellationToken::new, CancellationToken::child_token);
+        let stopped = stop.clone();
         let panicked = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&panicked);
         let body = AssertUnwindSafe(run(stopped)).catch_unwind();
@@ -47,7 +54,7 @@ impl StoppableTask {
             }
         });
         Self {
-            stop: Some(stop),
+            stop,
             task: Some(task),
             panicked,
         }
@@ -55,7 +62,7 @@ impl StoppableTask {
 
     /// Stops the task and waits until it has ended.
     pub(crate) async fn shutdown(mut self) {
-        self.stop.take();
+        self.stop.cancel();
         if let Some(task) = self.task.take() {
             // A panic inside is caught and recorded by the task itself; the
             // only error left is the runtime's cancellation at shutdown.
@@ -75,6 +82,6 @@ impl StoppableTask {
 
 impl Drop for StoppableTask {
     fn drop(&mut self) {
-        self.stop.take();
+        self.stop.cancel();
     }
 }

@@ -1177,3 +1177,16 @@ async fn a_maintenance_task_that_dies_says_so() {
     maintenance.shutdown().await;
     assert!(!guard.stats().maintenance_running);
 }
+
+#[tokio::test]
+async fn the_applications_shutdown_token_stops_maintenance() {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let guard = Guard::builder().expected_items(1_000).build().unwrap();
+    let maintenance = guard.spawn_maintenance_until(&shutdown);
+    wait_until("the task to start", || guard.stats().maintenance_running).await;
+    shutdown.cancel();
+    // The handle is still held: the application's token alone stopped it.
+    wait_until("the task to stop", || maintenance.is_finished()).await;
+    assert!(!guard.stats().maintenance_running);
+    assert!(!maintenance.panicked());
+}

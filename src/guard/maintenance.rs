@@ -4,8 +4,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::stats::Counter;
 use super::{Guard, Inner, Lifecycle, RebuildError, Verdict, staleness::Verifier};
@@ -85,6 +86,34 @@ impl Guard {
     /// # Panics
     /// Outside a tokio runtime, as [`tokio::spawn`] does.
     pub fn spawn_maintenance(&self) -> MaintenanceHandle {
+        self.spawn_maintenance_inner(None)
+    }
+
+    /// [`spawn_maintenance`](Self::spawn_maintenance), stopping also when
+    /// the application's `shutdown` token is cancelled: one token can stop
+    /// a server and every guard's maintenance together.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// let shutdown = CancellationToken::new();
+    /// let guard = bloomguard::Guard::builder().build()?;
+    /// let maintenance = guard.spawn_maintenance_until(&shutdown);
+    /// shutdown.cancel();
+    /// maintenance.shutdown().await; // already stopping: returns at once
+    /// assert!(!guard.stats().maintenance_running);
+    /// # Ok::<(), bloomguard::ConfigError>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Panics
+    /// Outside a tokio runtime, as [`tokio::spawn`] does.
+    pub fn spawn_maintenance_until(&self, shutdown: &CancellationToken) -> MaintenanceHandle {
+        self.spawn_maintenance_inner(Some(shutdown))
+    }
+
+    fn spawn_maintenance_inner(&self, shutdown: Option<&CancellationToken>) -> MaintenanceHandle {
         let verifier = self
             .inner
             .verifier
@@ -102,8 +131,8 @@ impl Guard {
         };
         let span = tracing::info_span!("bloomguard.maintenance", guard = %self.inner.name);
         MaintenanceHandle {
-            task: StoppableTask::spawn("guard maintenance", |stopped| {
-                tracing::Instrument::instrument(task.run(stopped, verifier), span)
+            task: StoppableTask::spawn("guard maintenance", shutdown, |stop| {
+                tracing::Instrument::instrument(task.run(stop, verifier), span)
             }),
         }
     }
@@ -234,7 +263,7 @@ impl Drop for Running {
 }
 
 impl Task {
-    async fn run(mut self, mut stopped: oneshot::Receiver<()>, mut verifier: Option<Verifier>) {
+    async fn run(mut self, stop: CancellationToken, mut verifier: Option<Verifier>) {
         loop {
             let Some(guard) = self.upgrade() else { break };
             let now = Instant::now();
@@ -249,7 +278,7 @@ impl Task {
             {
                 tracing::debug!(guard = %guard.name(), reason, "rebuilding");
                 tokio::select! {
-                    _ = &mut stopped => break,
+                    () = stop.cancelled() => break,
                     result = guard.rebuild() => self.after_rebuild(result.map(|_| ())),
                 }
             }
@@ -264,7 +293,7 @@ impl Task {
             drop(guard);
             let woken = self.wake.notified();
             let key_to_verify = tokio::select! {
-                _ = &mut stopped => break,
+                () = stop.cancelled() => break,
                 () = tokio::time::sleep_until(wake_at) => None,
                 () = woken => None,
                 Some(key) = recv(&mut verifier) => Some(key),
@@ -273,7 +302,7 @@ impl Task {
                 (key_to_verify, verifier.as_ref(), self.upgrade())
             {
                 tokio::select! {
-                    _ = &mut stopped => break,
+                    () = stop.cancelled() => break,
                     () = guard.verify_absent(check, key) => {}
                 }
             }

@@ -30,7 +30,8 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{Client, RedisError, Value};
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::Connection;
 use crate::error::{DecodeError, IncompatibleFilters};
@@ -364,11 +365,24 @@ impl FleetSync {
     /// # Panics
     /// Outside a tokio runtime.
     pub fn spawn(&self) -> FleetHandle {
+        self.spawn_with(None)
+    }
+
+    /// [`spawn`](Self::spawn), stopping also when the application's
+    /// `shutdown` token is cancelled.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn_until(&self, shutdown: &CancellationToken) -> FleetHandle {
+        self.spawn_with(Some(shutdown))
+    }
+
+    fn spawn_with(&self, shutdown: Option<&CancellationToken>) -> FleetHandle {
         let sync = self.clone();
         FleetHandle {
-            task: StoppableTask::spawn("fleet consumer", |stopped| async move {
+            task: StoppableTask::spawn("fleet consumer", shutdown, |stop| async move {
                 tokio::select! {
-                    _ = stopped => {}
+                    () = stop.cancelled() => {}
                     () = sync.consume() => {}
                 }
             }),
@@ -384,7 +398,7 @@ impl FleetSync {
 
     async fn consume(self) {
         let listener = tokio::spawn(self.clone().listen_for_snapshots());
-        let _stop_listener = AbortOnDrop(listener);
+        let _stop_listener = AbortOnDropHandle::new(listener);
         let mut reload = true;
         let mut just_reloaded = false;
         let mut connection: Option<MultiplexedConnection> = None;
@@ -514,14 +528,6 @@ impl FleetSync {
     /// The stream position this instance has applied up to.
     pub fn position(&self) -> String {
         self.lock_position().to_string()
-    }
-}
-
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

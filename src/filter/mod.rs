@@ -522,6 +522,25 @@ impl FilterBuilder {
         self
     }
 
+    /// The same options, sized for `expected_items` at `fp_rate`: how a
+    /// guard makes each of its filters from one template.
+    pub(crate) fn sized_for(self, expected_items: u64, fp_rate: f64) -> Self {
+        Self {
+            sizing: Sizing::Target {
+                items: expected_items,
+                fp_rate,
+            },
+            ..self
+        }
+    }
+
+    /// The same options with the seed fixed (drawn now if none was given),
+    /// so that every filter made from them shares it; and that seed.
+    pub(crate) fn with_fixed_seed(self) -> (Self, u64) {
+        let seed = self.seed.unwrap_or_else(random_seed);
+        (self.seed(seed), seed)
+    }
+
     /// Allocates the filter: a zeroed allocation, whose pages the OS maps
     /// as inserts first touch them, so a large filter is ready at once and
     /// grows resident as it fills.

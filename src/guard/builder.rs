@@ -15,7 +15,7 @@ use super::staleness::StalenessCheck;
 use super::stats::History;
 use super::{Guard, Inner};
 use crate::error::ConfigError;
-use crate::filter::{DEFAULT_MAX_BYTES, FilterBuilder, check_false_positive_rate, random_seed};
+use crate::filter::{FilterBuilder, check_false_positive_rate};
 use crate::stats::StripedCounters;
 
 /// Options for a [`Guard`]; every option has a default but the name.
@@ -41,8 +41,8 @@ pub struct GuardBuilder {
     lifecycle: Lifecycle,
     rebuild: Rebuild,
     source: Option<Box<dyn KeySource>>,
-    seed: Option<u64>,
-    max_bytes: u64,
+    /// Seed and memory budget of every filter the guard makes; sized per filter.
+    filters: FilterBuilder,
     staleness: Option<StalenessCheck>,
     maintenance_interval: Duration,
     confirmed_absent: Option<(usize, Duration)>,
@@ -57,8 +57,10 @@ impl Default for GuardBuilder {
             lifecycle: Lifecycle::Single,
             rebuild: Rebuild::default(),
             source: None,
-            seed: None,
-            max_bytes: DEFAULT_MAX_BYTES,
+            filters: FilterBuilder::for_items(
+                Self::DEFAULT_EXPECTED_ITEMS,
+                Self::DEFAULT_FALSE_POSITIVE_RATE,
+            ),
             staleness: None,
             maintenance_interval: Self::DEFAULT_MAINTENANCE_INTERVAL,
             confirmed_absent: None,
@@ -122,20 +124,17 @@ impl GuardBuilder {
     }
 
     /// Fixes the hash seed of every filter of the guard (random otherwise),
-    /// for filters that must agree across processes.
-    ///
-    /// **Keep a fixed seed secret.** Whoever knows it can compute keys that
-    /// all land in one block, which defeats the filter (they pass it 100 % of
-    /// the time) while its statistics barely move; snapshots carry the seed
-    /// in the clear. See SECURITY.md in the repository.
+    /// for filters that must agree across processes: see
+    /// [`FilterBuilder::seed`], and keep a fixed seed secret.
     pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = Some(seed);
+        self.filters = self.filters.seed(seed);
         self
     }
 
-    /// The most bytes one filter may take (default 4 GiB).
+    /// The most bytes one filter of the guard may take: see
+    /// [`FilterBuilder::max_bytes`].
     pub fn max_bytes(mut self, max_bytes: u64) -> Self {
-        self.max_bytes = max_bytes;
+        self.filters = self.filters.max_bytes(max_bytes);
         self
     }
 
@@ -185,11 +184,8 @@ impl GuardBuilder {
         let first_rate = self.lifecycle.first_filter_rate(self.false_positive_rate);
         // Sizing the first filter checks items, rate and budget, even for a
         // guard that only builds it after its first scan.
-        let first = FilterBuilder::for_items(self.expected_items, first_rate)
-            .seed(self.seed.unwrap_or_else(random_seed))
-            .max_bytes(self.max_bytes)
-            .build()?;
-        let seed = first.seed();
+        let (filters, seed) = self.filters.with_fixed_seed();
+        let first = filters.sized_for(self.expected_items, first_rate).build()?;
         let (staleness, verifier) = match self.staleness {
             Some(check) => {
                 let (sampler, verifier) = check.split()?;
@@ -218,7 +214,7 @@ impl GuardBuilder {
                 rebuild: self.rebuild,
                 source: self.source,
                 seed,
-                max_bytes: self.max_bytes,
+                filters,
                 live: LiveState::new(live),
                 rebuild_lock: tokio::sync::Mutex::new(()),
                 counters: StripedCounters::new(),

@@ -123,7 +123,8 @@ struct Inner {
     rebuild: Rebuild,
     source: Option<Box<dyn KeySource>>,
     seed: u64,
-    max_bytes: u64,
+    /// Makes each new filter: the seed above, the memory budget.
+    filters: FilterBuilder,
     /// The live filters; every change of them goes through its methods.
     live: LiveState,
     /// One rebuild at a time.
@@ -600,10 +601,7 @@ impl Guard {
     }
 
     fn new_filter(&self, capacity: u64, fp_rate: f64) -> Result<AtomicBloom, ConfigError> {
-        FilterBuilder::for_items(capacity, fp_rate)
-            .seed(self.inner.seed)
-            .max_bytes(self.inner.max_bytes)
-            .build()
+        self.inner.filters.sized_for(capacity, fp_rate).build()
     }
 
     fn first_filter_rate(&self) -> f64 {

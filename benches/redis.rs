@@ -15,8 +15,6 @@
 mod common;
 
 use std::hint::black_box;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bloomguard::{Guard, Verdict};
@@ -27,50 +25,20 @@ const KEYS: usize = 100_000;
 const BATCH: usize = 100;
 const CONCURRENT: usize = 64;
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_server(module: Option<&str>) -> (Server, redis::Client) {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut command = Command::new("redis-server");
-    command
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    if let Some(module) = module {
-        command.args(["--loadmodule", module]);
-    }
-    let server = Server(command.spawn().expect("redis-server on the PATH"));
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while client.get_connection().is_err() {
-        assert!(Instant::now() < deadline, "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (server, client)
-}
+/// The tests' launcher: a server of this bench's own on a free loopback port.
+#[allow(dead_code)]
+#[path = "../tests/common/redis_server.rs"]
+mod redis_server;
 
 fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     let module = std::env::var("REDISBLOOM_SO").ok();
-    let (_server, client) = start_server(module.as_deref());
+    let module_args: Vec<&str> = module
+        .iter()
+        .flat_map(|m| ["--loadmodule", m.as_str()])
+        .collect();
+    let server = redis_server::RedisServer::start_with(&module_args);
+    let client = server.client();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

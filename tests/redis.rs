@@ -47,9 +47,7 @@ fn command_calls(server: &RedisServer, command: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guard_rebuilds_from_scan_and_loads_with_get_and_mget() {
-    let Some(server) = RedisServer::start() else {
-        return;
-    };
+    let server = RedisServer::start();
     server.populate(0..50_000);
     let guard = guard_over(&server, Rebuild::manual().write_settle(Duration::ZERO));
     let report = guard.rebuild().await.unwrap();
@@ -109,9 +107,7 @@ async fn a_guard_rebuilds_from_scan_and_loads_with_get_and_mget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_at_start_keeps_the_guard_warming_until_it_comes_up() {
-    let Some(mut probe) = RedisServer::start() else {
-        return;
-    };
+    let mut probe = RedisServer::start();
     let port = probe.port;
     probe.kill(); // the port is known; nothing listens on it now
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
@@ -139,7 +135,7 @@ async fn redis_down_at_start_keeps_the_guard_warming_until_it_comes_up() {
         "the backend path fails as the backend does"
     );
 
-    let server = RedisServer::start_on(port).unwrap();
+    let server = RedisServer::start_on(port);
     server.populate(0..10_000);
     wait_until("the first build once Redis is up", || !guard.is_warming()).await;
     maintenance.shutdown().await;
@@ -154,9 +150,7 @@ async fn redis_down_at_start_keeps_the_guard_warming_until_it_comes_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_mid_scan_leaves_the_old_filter_serving() {
-    let Some(mut server) = RedisServer::start() else {
-        return;
-    };
+    let mut server = RedisServer::start();
     let port = server.port;
     server.populate(0..100_000);
     // Ten keys a SCAN call: the pass takes thousands of round trips.
@@ -193,7 +187,7 @@ async fn redis_killed_mid_scan_leaves_the_old_filter_serving() {
         assert_eq!(guard.check(id.to_string()), Verdict::MaybePresent);
     }
 
-    let server = RedisServer::start_on(port).unwrap();
+    let server = RedisServer::start_on(port);
     server.populate(0..100_000);
     let report = guard.rebuild().await.unwrap();
     assert_eq!(report.keys, 100_000);
@@ -201,9 +195,7 @@ async fn redis_killed_mid_scan_leaves_the_old_filter_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_loader_reconnects_after_redis_restarts() {
-    let Some(mut server) = RedisServer::start() else {
-        return;
-    };
+    let mut server = RedisServer::start();
     let port = server.port;
     server.populate(0..10);
     let loader = RedisLoader::new(server.client())
@@ -213,7 +205,7 @@ async fn the_loader_reconnects_after_redis_restarts() {
 
     server.kill();
     assert!(loader.get("1").await.is_err(), "Redis is down");
-    let server = RedisServer::start_on(port).unwrap();
+    let server = RedisServer::start_on(port);
     server.populate(0..10);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -249,9 +241,7 @@ mod fleet {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn inserts_through_any_instance_reach_all_and_a_new_one_converges() {
-        let Some(server) = RedisServer::start() else {
-            return;
-        };
+        let server = RedisServer::start();
         let instances: Vec<FleetSync> = (0..3)
             .map(|_| FleetSync::new(fleet_guard(), server.client(), "items"))
             .collect();
@@ -296,9 +286,7 @@ mod fleet {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_instance_behind_the_trimmed_stream_reloads_the_snapshot() {
-        let Some(server) = RedisServer::start() else {
-            return;
-        };
+        let server = RedisServer::start();
         // Small chunks: the snapshot of this 120 kB filter spans many keys.
         let writer = FleetSync::new(fleet_guard(), server.client(), "trim")
             .stream_max_len(100)
@@ -351,9 +339,7 @@ mod fleet {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn consumers_reconnect_after_redis_restarts() {
-        let Some(mut server) = RedisServer::start() else {
-            return;
-        };
+        let mut server = RedisServer::start();
         let port = server.port;
         let client = server.client();
         let writer = FleetSync::new(fleet_guard(), client.clone(), "restart");
@@ -366,7 +352,7 @@ mod fleet {
         .await;
 
         server.kill();
-        let _server = RedisServer::start_on(port).unwrap();
+        let _server = RedisServer::start_on(port);
         // The writer's connection manager reconnects; retry until it has.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while writer.insert("after").await.is_err() {
@@ -385,9 +371,7 @@ mod fleet {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_bad_snapshot_is_refused_and_the_current_filter_stays() {
-        let Some(server) = RedisServer::start() else {
-            return;
-        };
+        let server = RedisServer::start();
         let instance = FleetSync::new(fleet_guard(), server.client(), "bad");
         instance.insert("kept").await.unwrap();
         let mut connection = server.client().get_connection().unwrap();

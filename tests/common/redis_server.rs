@@ -1,6 +1,6 @@
 //! A `redis-server` of a test's own, on a free loopback port. Without
-//! `redis-server` a test is skipped, except under CI (`CI=true`), where that
-//! is a failure.
+//! `redis-server` on the `PATH` the test fails, saying what to install: a
+//! test that skipped would still be reported as passed.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -13,39 +13,48 @@ pub(crate) struct RedisServer {
 }
 
 impl RedisServer {
-    /// Starts a server on a free port; `None` (skip) when `redis-server` is
-    /// missing outside CI.
-    pub(crate) fn start() -> Option<Self> {
+    /// Starts a server on a free port.
+    ///
+    /// # Panics
+    /// When `redis-server` cannot be started.
+    pub(crate) fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// [`start`](Self::start), with more `redis-server` arguments (a module
+    /// to load).
+    pub(crate) fn start_with(extra_args: &[&str]) -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .expect("a free loopback port")
             .port();
-        Self::start_on(port)
+        Self::spawn(port, extra_args)
     }
 
-    pub(crate) fn start_on(port: u16) -> Option<Self> {
+    /// Starts a server on `port` (to restart one where its clients look).
+    pub(crate) fn start_on(port: u16) -> Self {
+        Self::spawn(port, &[])
+    }
+
+    fn spawn(port: u16, extra_args: &[&str]) -> Self {
         let spawned = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn();
-        let child = match spawned {
-            Ok(child) => child,
-            Err(error) if std::env::var("CI").as_deref() == Ok("true") => {
-                panic!("CI needs redis-server: {error}")
-            }
-            Err(error) => {
-                eprintln!("skipped: cannot start redis-server ({error})");
-                return None;
-            }
-        };
+        let child = spawned.unwrap_or_else(|error| {
+            panic!(
+                "this test needs redis-server on the PATH (apt-get install -y redis-server): {error}"
+            )
+        });
         let server = Self {
             port,
             child: Some(child),
         };
         server.wait_until_up();
-        Some(server)
+        server
     }
 
     pub(crate) fn wait_until_up(&self) {

@@ -15,7 +15,7 @@ use bloomguard::source::{self, KeyBatch, KeySource, KeyStream, SourceError};
 use bloomguard::{
     AtomicBloom, ConfigError, Guard, Lifecycle, Rebuild, RebuildError, RebuildOutcome, Verdict,
 };
-use common::{absent_keys, keys, three_sigma_limit};
+use common::{absent_keys, keys, three_sigma_limit, wait_until};
 use futures_core::Stream;
 
 /// An in-memory store, shared by writers and the key source.
@@ -30,19 +30,6 @@ fn store_with(keys: &[String]) -> Store {
 fn source_of(store: &Store) -> impl KeySource + use<> {
     let listed = Arc::clone(store);
     source::from_fn(move || listed.read().unwrap().iter().cloned().collect::<Vec<_>>())
-}
-
-/// Polls `condition` every 10 ms for up to 30 s: generous, so a slow machine
-/// only makes the test slower, never wrong.
-async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// A guard over `source` that rebuilds only when told to, without waiting for

@@ -1,11 +1,14 @@
 //! `GuardedLoader`: the guard's answers, coalescing of concurrent loads
 //! (completion, errors, cancellation), and the cache of confirmed false positives.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bloomguard::{Guard, GuardedLoader, Rebuild};
+use common::wait_until;
 use tokio::sync::Semaphore;
 
 type GateLoad = std::pin::Pin<Box<dyn Future<Output = Result<Option<usize>, String>> + Send>>;
@@ -48,17 +51,6 @@ impl Gate {
     }
 }
 
-async fn wait_for(what: &str, condition: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
 fn guard_with(keys: &[&str]) -> Guard {
     let guard = Guard::builder().expected_items(10_000).build().unwrap();
     for key in keys {
@@ -97,7 +89,7 @@ async fn concurrent_loads_of_one_key_share_one_call() {
             tokio::spawn(async move { loader.get("item:7".to_string()).await })
         })
         .collect();
-    wait_for("the first call", || gate.calls() == 1).await;
+    wait_until("the first call", || gate.calls() == 1).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(gate.calls(), 1, "the others wait for it");
     assert_eq!(loader.in_flight(), 1);
@@ -123,7 +115,7 @@ async fn an_error_reaches_every_waiter_and_is_not_cached() {
             tokio::spawn(async move { loader.get("broken".to_string()).await })
         })
         .collect();
-    wait_for("the first call", || gate.calls() == 1).await;
+    wait_until("the first call", || gate.calls() == 1).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     gate.open.add_permits(1);
     let errors: Vec<Arc<String>> = futures_errors(waiters).await;
@@ -162,7 +154,7 @@ async fn a_waiter_takes_over_when_the_first_caller_is_cancelled() {
         let loader = loader.clone();
         async move { loader.get("item:9".to_string()).await }
     });
-    wait_for("the first call", || gate.calls() == 1).await;
+    wait_until("the first call", || gate.calls() == 1).await;
     let second = tokio::spawn({
         let loader = loader.clone();
         async move { loader.get("item:9".to_string()).await }
@@ -170,7 +162,7 @@ async fn a_waiter_takes_over_when_the_first_caller_is_cancelled() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     first.abort();
     assert!(first.await.unwrap_err().is_cancelled());
-    wait_for("the waiter to call again", || gate.calls() == 2).await;
+    wait_until("the waiter to call again", || gate.calls() == 2).await;
     gate.open.add_permits(1);
     assert_eq!(second.await.unwrap().unwrap(), Some(6));
     assert_eq!(loader.in_flight(), 0, "removed on cancellation too");

@@ -9,18 +9,8 @@ use std::time::Duration;
 use bloomguard::redis::{RedisLoader, RedisSource};
 use bloomguard::{Guard, GuardLayer, GuardedLoader, Rebuild, Verdict};
 use common::redis_server::RedisServer;
+use common::wait_until;
 use tower::{ServiceExt, layer::Layer};
-
-async fn wait_until(what: &str, condition: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 fn guard_over(server: &RedisServer, policy: Rebuild) -> Guard {
     Guard::builder()

@@ -19,6 +19,19 @@ pub(crate) fn absent_keys(first: u64, count: u64) -> Vec<String> {
         .collect()
 }
 
+/// Polls `condition` every few milliseconds for up to 30 s: generous, so a
+/// slow machine only makes a test slower, never wrong.
+pub(crate) async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 /// Upper limit of a measured rate `p` over `trials` with three standard deviations of noise.
 pub(crate) fn three_sigma_limit(p: f64, trials: usize) -> f64 {
     p + 3.0 * (p * (1.0 - p) / trials as f64).sqrt()

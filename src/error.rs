@@ -1,6 +1,11 @@
-//! Errors for bad parameters, bad snapshots and mismatched filters.
+//! Every error the crate returns, in one place: bad parameters, bad
+//! snapshots, mismatched filters, a source that failed, a rebuild that did
+//! not complete, a guard still warming, and (the `redis` feature) a fleet's
+//! snapshot that could not be published or loaded.
 
+use std::error::Error;
 use std::fmt;
+use std::time::Duration;
 
 /// A parameter given to a constructor or builder is outside what it accepts.
 ///
@@ -148,10 +153,32 @@ impl From<std::io::Error> for DecodeError {
 }
 
 /// Two filters cannot be combined because they differ in shape or seed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IncompatibleFilters {
-    /// The first parameter that differs: `"bits"`, `"k"` or `"seed"`.
-    pub parameter: &'static str,
+    /// The first parameter that differs.
+    pub differs_in: FilterParameter,
+}
+
+/// A parameter two filters must share to be combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FilterParameter {
+    /// The number of bits (blocks).
+    Bits,
+    /// The number of probes per key.
+    K,
+    /// The hash seed.
+    Seed,
+}
+
+impl fmt::Display for FilterParameter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Bits => "bits",
+            Self::K => "k",
+            Self::Seed => "seed",
+        })
+    }
 }
 
 impl fmt::Display for IncompatibleFilters {
@@ -159,7 +186,7 @@ impl fmt::Display for IncompatibleFilters {
         write!(
             f,
             "filters differ in {}: only filters with the same bits, k and seed can be combined",
-            self.parameter
+            self.differs_in
         )
     }
 }
@@ -187,3 +214,140 @@ impl fmt::Display for StillWarming {
 }
 
 impl std::error::Error for StillWarming {}
+
+/// A [`KeySource`](crate::KeySource) failed: the store was unreachable, a cursor broke.
+#[derive(Debug)]
+pub struct SourceError {
+    cause: Box<dyn Error + Send + Sync>,
+}
+
+impl SourceError {
+    /// Wraps the cause of the failure (an error, or a message).
+    pub fn new(cause: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
+        Self {
+            cause: cause.into(),
+        }
+    }
+}
+
+impl fmt::Display for SourceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "key source failed: {}", self.cause)
+    }
+}
+
+impl Error for SourceError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&*self.cause)
+    }
+}
+
+/// Why a rebuild did not complete. The live filters keep serving.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RebuildError {
+    /// The guard has no [`KeySource`](crate::KeySource).
+    NoSource,
+    /// The source failed.
+    Source(SourceError),
+    /// The rebuild ran past its timeout (waiting for earlier writes included).
+    TimedOut(Duration),
+    /// The new filter could not be sized (over the memory budget).
+    Config(ConfigError),
+    /// A filter was merged into the guard ([`Guard::merge_filter`](crate::Guard::merge_filter)) while
+    /// this rebuild ran, and could not be merged into the new filter too
+    /// (another size): swapping would lose its keys. A later rebuild (the
+    /// maintenance task retries) reads them from the store.
+    MergedDuringRebuild,
+}
+
+impl fmt::Display for RebuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoSource => f.write_str("the guard has no key source to rebuild from"),
+            Self::Source(error) => write!(f, "rebuild failed: {error}"),
+            Self::TimedOut(timeout) => write!(f, "rebuild timed out after {timeout:?}"),
+            Self::Config(error) => write!(f, "rebuild cannot size the new filter: {error}"),
+            Self::MergedDuringRebuild => f.write_str(
+                "a filter was merged into the guard during the rebuild; the rebuilt filter would lose its keys",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RebuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Source(error) => Some(error),
+            Self::Config(error) => Some(error),
+            Self::NoSource | Self::TimedOut(_) | Self::MergedDuringRebuild => None,
+        }
+    }
+}
+
+impl From<ConfigError> for RebuildError {
+    fn from(error: ConfigError) -> Self {
+        Self::Config(error)
+    }
+}
+
+#[cfg(feature = "redis")]
+/// Why a snapshot could not be published or loaded. The guard keeps serving
+/// what it has.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum FleetError {
+    /// Redis failed.
+    Redis(redis::RedisError),
+    /// The snapshot key does not hold a valid filter.
+    Decode(DecodeError),
+    /// The snapshot's filter has other parameters than this guard's.
+    Incompatible(IncompatibleFilters),
+    /// The guard has no filter to publish yet (it is warming).
+    Warming,
+    /// The snapshot's manifest is not `position version chunks`.
+    BadManifest,
+    /// Other instances replaced the snapshot during each of `attempts` reads.
+    KeptChanging {
+        /// Reads tried.
+        attempts: u32,
+    },
+}
+
+#[cfg(feature = "redis")]
+impl fmt::Display for FleetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Redis(error) => write!(f, "fleet sync: {error}"),
+            Self::Decode(error) => write!(f, "fleet snapshot refused: {error}"),
+            Self::Incompatible(error) => write!(f, "fleet snapshot refused: {error}"),
+            Self::Warming => f.write_str("the guard has no filter to publish yet"),
+            Self::BadManifest => f.write_str(
+                "fleet snapshot refused: its manifest is not \"position version chunks\"",
+            ),
+            Self::KeptChanging { attempts } => write!(
+                f,
+                "fleet snapshot was replaced during each of {attempts} reads; try again later"
+            ),
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl std::error::Error for FleetError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Redis(error) => Some(error),
+            Self::Decode(error) => Some(error),
+            Self::Incompatible(error) => Some(error),
+            Self::Warming | Self::BadManifest | Self::KeptChanging { .. } => None,
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<redis::RedisError> for FleetError {
+    fn from(error: redis::RedisError) -> Self {
+        Self::Redis(error)
+    }
+}

@@ -17,7 +17,7 @@ mod sync;
 mod task;
 pub mod verify;
 
-pub use error::{ConfigError, DecodeError, IncompatibleFilters, StillWarming};
+pub use error::{ConfigError, DecodeError, FilterParameter, IncompatibleFilters, StillWarming};
 pub use filter::{AtomicBloom, FORMAT_VERSION, FilterBuilder, FilterStats, Plan, plan};
 pub use guard::source::{self, KeySource, SourceError};
 pub use guard::{

@@ -2,7 +2,7 @@
 
 mod common;
 
-use bloomguard::{AtomicBloom, FilterBuilder};
+use bloomguard::{AtomicBloom, FilterBuilder, FilterParameter};
 use proptest::prelude::*;
 
 proptest! {
@@ -101,14 +101,23 @@ fn union_holds_both_sides_and_refuses_strangers() {
     assert_eq!(left.stats().set_bits, recount);
 
     let other_seed = AtomicBloom::with_seed(10_000, 0.01, 6).unwrap();
-    assert_eq!(left.union(&other_seed).unwrap_err().parameter, "seed");
+    assert_eq!(
+        left.union(&other_seed).unwrap_err().differs_in,
+        FilterParameter::Seed
+    );
     let other_size = AtomicBloom::with_seed(20_000, 0.01, 5).unwrap();
-    assert_eq!(left.union(&other_size).unwrap_err().parameter, "bits");
+    assert_eq!(
+        left.union(&other_size).unwrap_err().differs_in,
+        FilterParameter::Bits
+    );
     let other_k = FilterBuilder::with_params(left.bits(), 3)
         .seed(5)
         .build()
         .unwrap();
-    assert_eq!(left.union(&other_k).unwrap_err().parameter, "k");
+    assert_eq!(
+        left.union(&other_k).unwrap_err().differs_in,
+        FilterParameter::K
+    );
 }
 
 #[test]

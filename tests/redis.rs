@@ -385,10 +385,8 @@ mod fleet {
             .arg("garbage without a position")
             .query(&mut connection)
             .unwrap();
-        assert!(matches!(
-            instance.load_snapshot().await,
-            Err(FleetError::Decode(_))
-        ));
+        let error = instance.load_snapshot().await.unwrap_err();
+        assert!(matches!(error, FleetError::BadManifest), "{error}");
 
         // A valid filter of other parameters: another seed.
         let other = Guard::builder()

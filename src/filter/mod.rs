@@ -12,7 +12,7 @@ pub use codec::FORMAT_VERSION;
 pub(crate) use math::check_false_positive_rate;
 pub use math::{BLOCK_BITS, MAX_HASHES, MIN_FALSE_POSITIVE_RATE, Plan, plan};
 
-use crate::error::{ConfigError, IncompatibleFilters};
+use crate::error::{ConfigError, FilterParameter, IncompatibleFilters};
 use crate::stats::StripedCounter;
 use crate::sync::{AtomicU64, Ordering};
 use blocks::Blocks;
@@ -342,16 +342,16 @@ impl AtomicBloom {
 
     /// Whether [`union`](Self::union) accepts `other`.
     pub fn check_compatible(&self, other: &AtomicBloom) -> Result<(), IncompatibleFilters> {
-        let parameter = if self.blocks.len() != other.blocks.len() {
-            "bits"
+        let differs_in = if self.blocks.len() != other.blocks.len() {
+            FilterParameter::Bits
         } else if self.k != other.k {
-            "k"
+            FilterParameter::K
         } else if self.seed != other.seed {
-            "seed"
+            FilterParameter::Seed
         } else {
             return Ok(());
         };
-        Err(IncompatibleFilters { parameter })
+        Err(IncompatibleFilters { differs_in })
     }
 
     /// Empties the filter. Keys inserted while `clear` runs may be lost:

@@ -8,7 +8,7 @@ use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
 use super::writes::WriteTracker;
-use crate::error::IncompatibleFilters;
+use crate::error::{FilterParameter, IncompatibleFilters};
 use crate::filter::AtomicBloom;
 
 /// The live set, and the only ways to change it.
@@ -187,7 +187,9 @@ impl LiveState {
         match set.newest() {
             Some(newest) => newest.filter.union(&filter)?,
             None if filter.seed() != seed => {
-                return Err(IncompatibleFilters { parameter: "seed" });
+                return Err(IncompatibleFilters {
+                    differs_in: FilterParameter::Seed,
+                });
             }
             None => {}
         }

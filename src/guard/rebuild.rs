@@ -16,7 +16,6 @@
 //! Any failure — a source error, a timeout, the future dropped — removes the
 //! shadow and leaves the live filters serving.
 
-use std::fmt;
 use std::future::poll_fn;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -26,11 +25,12 @@ use tracing::Instrument;
 
 use tokio::time::Instant;
 
+pub use crate::error::RebuildError;
+
 use super::Guard;
 use super::live::{Generation, Shadow};
-use super::source::{KeySource, SourceError};
+use super::source::KeySource;
 use super::writes::WriteTracker;
-use crate::error::ConfigError;
 use crate::filter::AtomicBloom;
 
 /// Reads of the source per rebuild, at most (see the module docs).
@@ -70,55 +70,6 @@ pub struct RebuildReport {
     pub capacity: u64,
     /// What went wrong, for an attempt that did not succeed.
     pub error: Option<String>,
-}
-
-/// Why a rebuild did not complete. The live filters keep serving.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum RebuildError {
-    /// The guard has no [`KeySource`].
-    NoSource,
-    /// The source failed.
-    Source(SourceError),
-    /// The rebuild ran past its timeout (waiting for earlier writes included).
-    TimedOut(Duration),
-    /// The new filter could not be sized (over the memory budget).
-    Config(ConfigError),
-    /// A filter was merged into the guard ([`Guard::merge_filter`]) while
-    /// this rebuild ran, and could not be merged into the new filter too
-    /// (another size): swapping would lose its keys. A later rebuild (the
-    /// maintenance task retries) reads them from the store.
-    MergedDuringRebuild,
-}
-
-impl fmt::Display for RebuildError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::NoSource => f.write_str("the guard has no key source to rebuild from"),
-            Self::Source(error) => write!(f, "rebuild failed: {error}"),
-            Self::TimedOut(timeout) => write!(f, "rebuild timed out after {timeout:?}"),
-            Self::Config(error) => write!(f, "rebuild cannot size the new filter: {error}"),
-            Self::MergedDuringRebuild => f.write_str(
-                "a filter was merged into the guard during the rebuild; the rebuilt filter would lose its keys",
-            ),
-        }
-    }
-}
-
-impl std::error::Error for RebuildError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Source(error) => Some(error),
-            Self::Config(error) => Some(error),
-            Self::NoSource | Self::TimedOut(_) | Self::MergedDuringRebuild => None,
-        }
-    }
-}
-
-impl From<ConfigError> for RebuildError {
-    fn from(error: ConfigError) -> Self {
-        Self::Config(error)
-    }
 }
 
 /// What a completed build swapped in.

@@ -1,11 +1,12 @@
 //! Where a rebuild reads the keys from: [`KeySource`].
 
-use std::error::Error;
 use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use futures_core::Stream;
+
+pub use crate::error::SourceError;
 
 /// Keys streamed in batches: a Redis `SCAN` page, a database cursor's fetch.
 pub type KeyBatch = Vec<Vec<u8>>;
@@ -118,32 +119,5 @@ where
             .map(|key| key.as_ref().to_vec())
             .collect();
         Poll::Ready((!batch.is_empty()).then_some(Ok(batch)))
-    }
-}
-
-/// A [`KeySource`] failed: the store was unreachable, a cursor broke.
-#[derive(Debug)]
-pub struct SourceError {
-    cause: Box<dyn Error + Send + Sync>,
-}
-
-impl SourceError {
-    /// Wraps the cause of the failure (an error, or a message).
-    pub fn new(cause: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
-        Self {
-            cause: cause.into(),
-        }
-    }
-}
-
-impl fmt::Display for SourceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "key source failed: {}", self.cause)
-    }
-}
-
-impl Error for SourceError {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        Some(&*self.cause)
     }
 }

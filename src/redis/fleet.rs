@@ -23,6 +23,7 @@
 //! Redis keys is part of the secret, and write access lets a writer replace
 //! the fleet's filter. Keep them behind Redis ACLs.
 
+pub use crate::error::FleetError;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,7 +35,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::Connection;
-use crate::error::{DecodeError, IncompatibleFilters};
 use crate::filter::AtomicBloom;
 use crate::guard::Guard;
 use crate::task::StoppableTask;
@@ -43,51 +43,10 @@ use crate::task::StoppableTask;
 const READ_BLOCK: Duration = Duration::from_millis(200);
 /// Entries read per call.
 const READ_COUNT: usize = 1_000;
+/// Reads of a snapshot that publishers keep replacing, before giving up.
+const SNAPSHOT_READ_ATTEMPTS: u32 = 3;
 /// Wait before reconnecting after a failed read.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(200);
-
-/// Why a snapshot could not be published or loaded. The guard keeps serving
-/// what it has.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum FleetError {
-    /// Redis failed.
-    Redis(RedisError),
-    /// The snapshot key does not hold a valid filter.
-    Decode(DecodeError),
-    /// The snapshot's filter has other parameters than this guard's.
-    Incompatible(IncompatibleFilters),
-    /// The guard has no filter to publish yet (it is warming).
-    Warming,
-}
-
-impl fmt::Display for FleetError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Redis(error) => write!(f, "fleet sync: {error}"),
-            Self::Decode(error) => write!(f, "fleet snapshot refused: {error}"),
-            Self::Incompatible(error) => write!(f, "fleet snapshot refused: {error}"),
-            Self::Warming => f.write_str("the guard has no filter to publish yet"),
-        }
-    }
-}
-
-impl std::error::Error for FleetError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Redis(error) => Some(error),
-            Self::Decode(error) => Some(error),
-            Self::Incompatible(error) => Some(error),
-            Self::Warming => None,
-        }
-    }
-}
-
-impl From<RedisError> for FleetError {
-    fn from(error: RedisError) -> Self {
-        Self::Redis(error)
-    }
-}
 
 /// One instance's link to its fleet. Cheap to clone. See the [module docs](crate::redis::fleet).
 #[derive(Clone)]
@@ -305,7 +264,7 @@ impl FleetSync {
     pub async fn load_snapshot(&self) -> Result<bool, FleetError> {
         // A publish that replaces the snapshot while we read it deletes the
         // chunks we are reading: read the new one then.
-        for _ in 0..3 {
+        for _ in 0..SNAPSHOT_READ_ATTEMPTS {
             match self.read_snapshot().await? {
                 Read::None => return Ok(false),
                 Read::Replaced => continue,
@@ -320,7 +279,9 @@ impl FleetSync {
                 }
             }
         }
-        Err(FleetError::Decode(DecodeError::Truncated))
+        Err(FleetError::KeptChanging {
+            attempts: SNAPSHOT_READ_ATTEMPTS,
+        })
     }
 
     async fn read_snapshot(&self) -> Result<Read, FleetError> {
@@ -335,9 +296,7 @@ impl FleetSync {
         let manifest = std::str::from_utf8(&manifest)
             .ok()
             .and_then(Manifest::parse)
-            .ok_or(FleetError::Decode(DecodeError::InvalidHeader(
-                "the snapshot manifest is not \"position version chunks\"",
-            )))?;
+            .ok_or(FleetError::BadManifest)?;
         let mut encoded = Vec::new();
         for i in 0..manifest.chunks {
             let chunk: Option<Vec<u8>> = redis::cmd("GET")

@@ -81,18 +81,25 @@ impl Outcomes {
         }
     }
 
-    /// False positives among all positives, the trusted ones estimated from
-    /// the share of the verified ones that were false (the verified ones are
-    /// a hash-chosen sample, independent of the filter's bits). `None` when
-    /// positives were trusted and none was verified.
+    /// The share of the verified positives the backend did not confirm;
+    /// `None` before any was verified. The verified ones are a hash-chosen
+    /// sample, independent of the filter's bits, so the share applies to
+    /// the trusted ones too.
+    fn verified_false_share(&self) -> Option<f64> {
+        ratio(
+            self.false_positives,
+            self.false_positives + self.true_positives,
+        )
+    }
+
+    /// False positives among all positives, the trusted ones estimated by
+    /// the verified ones' false share. `None` when positives were trusted
+    /// and none was verified.
     pub(crate) fn estimated_false_positives(&self) -> Option<f64> {
         if self.unverified == 0 {
             return Some(self.false_positives as f64);
         }
-        let false_share = ratio(
-            self.false_positives,
-            self.false_positives + self.true_positives,
-        )?;
+        let false_share = self.verified_false_share()?;
         Some(self.false_positives as f64 + self.unverified as f64 * false_share)
     }
 
@@ -243,13 +250,14 @@ impl Guard {
     pub fn stats(&self) -> GuardStats {
         let counters = &self.inner.counters;
         let count = |counter: Counter| counters.sum(counter as usize);
+        // Absent answers and false positives are read once, here, so that
+        // the counts and the rates made from them agree.
+        let outcomes = self.outcomes();
         let checks = VerdictCounts {
-            absent: count(Counter::Absent),
+            absent: outcomes.absent,
             maybe_present: count(Counter::MaybePresent),
             warming: count(Counter::Warming),
         };
-        let false_positives = count(Counter::FalsePositives);
-        let outcomes = self.outcomes();
         let removed = count(Counter::Removed);
         let (baseline, rebuilds, last_rebuild, last_rebuild_succeeded_at) = {
             let history = self.history();
@@ -294,7 +302,7 @@ impl Guard {
             redundant_inserts,
             redundant_insert_ratio: ratio(redundant_inserts, inserts).unwrap_or(0.0),
             found: count(Counter::Found),
-            false_positives,
+            false_positives: outcomes.false_positives,
             stale_negatives: count(Counter::StaleNegatives),
             confirmed_absent_hits: count(Counter::ConfirmedAbsentHits),
             confirmed_absent_entries: self.inner.confirmed_absent.as_ref().map_or(0, |c| c.len()),
@@ -362,14 +370,11 @@ fn over_filtered(outcomes: &Outcomes, positives: u64, estimated_fpr: f64) -> f64
     if outcomes.unverified == 0 {
         return 0.0;
     }
-    let verified = outcomes.false_positives + outcomes.true_positives;
-    let false_share = if verified > 0 {
-        outcomes.false_positives as f64 / verified as f64
-    } else {
+    let false_share = outcomes.verified_false_share().unwrap_or_else(|| {
         let passed_absent =
             outcomes.absent as f64 * estimated_fpr / (1.0 - estimated_fpr).max(f64::MIN_POSITIVE);
         (passed_absent / positives.max(1) as f64).min(1.0)
-    };
+    });
     outcomes.unverified as f64 * false_share
 }
 

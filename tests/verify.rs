@@ -74,6 +74,15 @@ where
     over_filtered
 }
 
+/// An estimate within 35 % of the truth: a sample of a few hundred
+/// positives, or the fill's model, is that close at these sizes.
+fn assert_near(what: &str, estimate: f64, truth: f64) {
+    assert!(
+        (estimate - truth).abs() < 0.35 * truth,
+        "{what}: estimated {estimate}, truly {truth}"
+    );
+}
+
 #[tokio::test]
 async fn sampled_verification_asks_a_sample_and_estimates_what_it_hid() {
     let guard = seen_guard();
@@ -99,24 +108,21 @@ async fn sampled_verification_asks_a_sample_and_estimates_what_it_hid() {
     assert_eq!(stats.unverified_positives as usize + asked, positives);
     // The hidden absent keys are estimated from the sample's false share.
     assert!(over_filtered > 0);
-    let estimate = stats.over_filtered;
-    assert!(
-        (estimate - over_filtered as f64).abs() < 0.35 * over_filtered as f64,
-        "estimated {estimate:.0} over-filtered, truly {over_filtered}"
+    assert_near(
+        "over-filtered keys",
+        stats.over_filtered,
+        over_filtered as f64,
     );
     let true_rate = over_filtered as f64 / ABSENT as f64;
-    let rate = stats.over_filtering_rate.unwrap();
-    assert!(
-        (rate - true_rate).abs() < 0.35 * true_rate,
-        "over-filtering {rate} vs {true_rate}"
+    assert_near(
+        "over-filtering rate",
+        stats.over_filtering_rate.unwrap(),
+        true_rate,
     );
     // The observed false-positive rate stays measured, trusted ones included.
     let true_fpr = (over_filtered + stats.false_positives as usize) as f64 / ABSENT as f64;
     let observed = stats.observed_fpr.expect("measured from the sample");
-    assert!(
-        (observed - true_fpr).abs() < 0.35 * true_fpr,
-        "observed FPR {observed} vs {true_fpr}"
-    );
+    assert_near("observed FPR", observed, true_fpr);
 }
 
 #[tokio::test]
@@ -136,10 +142,10 @@ async fn no_verification_never_asks_and_estimates_from_the_fill() {
         stats.observed_fpr, None,
         "nothing verified, nothing observed"
     );
-    let estimate = stats.over_filtered;
-    assert!(
-        (estimate - over_filtered as f64).abs() < 0.35 * over_filtered as f64,
-        "estimated {estimate:.0} over-filtered, truly {over_filtered}"
+    assert_near(
+        "over-filtered keys",
+        stats.over_filtered,
+        over_filtered as f64,
     );
 }
 

@@ -169,9 +169,9 @@ pub(crate) async fn run(
     latencies.sort_unstable();
     let (store_keys, store_calls) = store.lookups_since(lookups_before);
     let tally = &run.tally;
-    let over_phase = guard.zip(stats_before.as_ref()).map(|(guard, before)| {
-        let now = guard.stats();
-        match pacing.verify {
+    let over_phase = guard
+        .zip(stats_before.as_ref())
+        .map(|(guard, before)| match pacing.verify {
             // Nothing verified: each sample read the fill of its time, and
             // the fill at the end would speak for the end only.
             Verify::None => {
@@ -183,9 +183,8 @@ pub(crate) async fn run(
                     over_filtering: mean,
                 }
             }
-            _ => between(before, &now, 1),
-        }
-    });
+            _ => between(before, &guard.stats(), 1),
+        });
     Ok(Phase {
         guarded: guard.is_some(),
         requests: tally.requests.load(Ordering::Relaxed),

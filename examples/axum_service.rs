@@ -37,7 +37,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 use bloomguard::layer::PathKey;
-use bloomguard::{Guard, GuardLayer, InsertLayer, MaintenanceHandle, Rebuild, source};
+use bloomguard::{Guard, GuardLayer, InsertLayer, MaintenanceHandle, RebuildPolicy, source};
 use dashmap::DashMap;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -151,7 +151,7 @@ pub(crate) fn guard_over(store: &Arc<Store>) -> Guard {
         .name("items")
         .expected_items(1_000_000)
         .false_positive_rate(0.01)
-        .rebuild(Rebuild::when_drift_exceeds(2.0));
+        .rebuild_policy(RebuildPolicy::default().when_drift_exceeds(2.0));
     #[cfg(feature = "redis")]
     if let Some(redis) = &store.redis {
         let scan =
@@ -275,7 +275,7 @@ async fn stats(State(state): State<AppState>) -> Json<serde_json::Value> {
         "fill_ratio": stats.fill_ratio,
         "estimated_items": stats.estimated_items,
         "generations": stats.generations,
-        "generation": stats.generation,
+        "generation": stats.swaps,
         "memory_bytes": stats.memory_bytes,
         "rebuilds_succeeded": stats.rebuilds.succeeded,
         "store_reads": state.store.reads(),

@@ -11,7 +11,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use bloomguard::{Guard, Rebuild, source};
+use bloomguard::{Guard, RebuildPolicy, source};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 #[tokio::main]
@@ -27,7 +27,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .source(source::from_fn(move || {
             listed.iter().cloned().collect::<Vec<_>>()
         }))
-        .rebuild(Rebuild::when_drift_exceeds(2.0))
+        .rebuild_policy(RebuildPolicy::default().when_drift_exceeds(2.0))
         .maintenance_interval(Duration::from_millis(100))
         .build()?;
     let maintenance = guard.spawn_maintenance();
@@ -38,7 +38,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let id = if i % 100 < 3 { i } else { 1_000_000 + i };
         let key = format!("item:{id}");
         if !guard.check(&key).is_absent() {
-            guard.record_outcome(&key, store.contains(&key));
+            guard.record_outcome(store.contains(&key));
         }
     }
     guard.publish_metrics();

@@ -22,7 +22,7 @@ pub use filter::{AtomicBloom, FORMAT_VERSION, FilterBuilder, FilterStats, Plan, 
 pub use guard::source::{self, KeySource, SourceError};
 pub use guard::{
     Guard, GuardBuilder, GuardReader, GuardStats, Lifecycle, LiveFilters, MaintenanceHandle,
-    PendingWrite, Rebuild, RebuildError, RebuildOutcome, RebuildReport, Verdict,
+    PendingWrite, RebuildError, RebuildOutcome, RebuildPolicy, RebuildReport, Verdict,
 };
 pub use layer::{GuardLayer, GuardService, InsertLayer, InsertService};
 pub use loader::{GuardedLoader, Loader};

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use bloomguard::source::{self, KeyBatch, KeySource, KeyStream, SourceError};
 use bloomguard::{
-    AtomicBloom, ConfigError, Guard, Lifecycle, Rebuild, RebuildError, RebuildOutcome, Verdict,
+    AtomicBloom, ConfigError, Guard, Lifecycle, RebuildError, RebuildOutcome, RebuildPolicy,
+    Verdict,
 };
 use common::{absent_keys, keys, three_sigma_limit, wait_until};
 use futures_core::Stream;
@@ -38,7 +39,7 @@ fn manual_guard(expected_items: u64, source: impl KeySource) -> Guard {
     Guard::builder()
         .expected_items(expected_items)
         .source(source)
-        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
+        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
         .build()
         .unwrap()
 }
@@ -139,7 +140,7 @@ async fn no_false_negatives_across_rebuilds_with_concurrent_writers() {
         .name("rebuild")
         .expected_items(100_000)
         .source(source)
-        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
+        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
         .build()
         .unwrap();
     guard.rebuild().await.unwrap();
@@ -172,7 +173,7 @@ async fn no_false_negatives_across_rebuilds_with_concurrent_writers() {
     for _ in 0..3 {
         let report = guard.rebuild().await.unwrap();
         assert_eq!(report.outcome, RebuildOutcome::Succeeded);
-        generations.insert(guard.stats().generation);
+        generations.insert(guard.stats().swaps);
     }
     writing.store(false, Ordering::Relaxed);
     let mut written = Vec::new();
@@ -309,7 +310,7 @@ async fn a_failing_source_leaves_the_old_filter_serving() {
     let source = Arc::new(ScriptedSource::new(source_of(&store)));
     let guard = manual_guard(10_000, Arc::clone(&source));
     guard.rebuild().await.unwrap();
-    let generation = guard.stats().generation;
+    let generation = guard.stats().swaps;
 
     source.fail_after_batches.store(2, Ordering::SeqCst);
     let error = guard.rebuild().await.unwrap_err();
@@ -317,7 +318,7 @@ async fn a_failing_source_leaves_the_old_filter_serving() {
     assert!(error.to_string().contains("connection reset"), "{error}");
     let stats = guard.stats();
     assert_eq!(stats.rebuilds.failed, 1);
-    assert_eq!(stats.generation, generation, "no swap after a failure");
+    assert_eq!(stats.swaps, generation, "no swap after a failure");
     assert!(!stats.rebuilding, "the abandoned filter is gone");
     assert_eq!(
         stats.last_rebuild.as_ref().map(|r| r.outcome),
@@ -339,8 +340,8 @@ async fn a_hanging_source_times_out_and_a_later_rebuild_succeeds() {
     let guard = Guard::builder()
         .expected_items(10_000)
         .source(Arc::clone(&source))
-        .rebuild(
-            Rebuild::manual()
+        .rebuild_policy(
+            RebuildPolicy::default()
                 .write_settle(Duration::ZERO)
                 .timeout(Duration::from_millis(300)),
         )
@@ -490,14 +491,14 @@ async fn the_maintenance_task_rotates_on_time() {
         .build()
         .unwrap();
     let maintenance = guard.spawn_maintenance();
-    let first = guard.stats().generation;
+    let first = guard.stats().swaps;
     guard.insert("old");
     tokio::time::sleep(period + Duration::from_secs(1)).await;
-    assert_eq!(guard.stats().generation, first + 1);
+    assert_eq!(guard.stats().swaps, first + 1);
     assert_eq!(guard.check("old"), Verdict::MaybePresent, "one period old");
     guard.insert("young");
     tokio::time::sleep(period).await;
-    assert_eq!(guard.stats().generation, first + 2);
+    assert_eq!(guard.stats().swaps, first + 2);
     assert_eq!(guard.check("old"), Verdict::Absent, "two periods old: gone");
     assert_eq!(guard.check("young"), Verdict::MaybePresent);
     maintenance.shutdown().await;
@@ -552,8 +553,9 @@ async fn drift_triggers_a_rebuild_that_restores_the_target() {
     let guard = Guard::builder()
         .expected_items(10_000)
         .source(source_of(&store))
-        .rebuild(
-            Rebuild::when_drift_exceeds(2.0)
+        .rebuild_policy(
+            RebuildPolicy::default()
+                .when_drift_exceeds(2.0)
                 .write_settle(Duration::ZERO)
                 .retry_backoff(Duration::from_millis(10), Duration::from_millis(100)),
         )
@@ -586,8 +588,8 @@ async fn removals_past_the_threshold_trigger_a_rebuild() {
     let guard = Guard::builder()
         .expected_items(1_000)
         .source(source_of(&store))
-        .rebuild(
-            Rebuild::manual()
+        .rebuild_policy(
+            RebuildPolicy::default()
                 .when_removed_exceeds(0.1)
                 .write_settle(Duration::ZERO),
         )
@@ -598,7 +600,7 @@ async fn removals_past_the_threshold_trigger_a_rebuild() {
     let maintenance = guard.spawn_maintenance();
     for key in &initial[..150] {
         store.write().unwrap().remove(key.as_bytes());
-        guard.note_removed(key);
+        guard.note_removals(1);
     }
     wait_until("a removal rebuild", || {
         guard.stats().rebuilds.succeeded >= 2
@@ -625,7 +627,7 @@ async fn the_staleness_check_catches_writes_that_bypassed_the_guard() {
     let guard = Guard::builder()
         .expected_items(10_000)
         .source(source_of(&store))
-        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
+        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
         .staleness_check(1.0, move |key| {
             let found = verified.read().unwrap().contains(&key);
             async move { Ok(found) }
@@ -684,12 +686,12 @@ fn stats_count_checks_outcomes_and_pass_through() {
     }
     for key in keys(0, 100) {
         assert_eq!(guard.check(&key), Verdict::MaybePresent);
-        guard.record_outcome(&key, true);
+        guard.record_outcome(true);
     }
     let mut false_positives = 0;
     for key in absent_keys(0, 900) {
         if guard.check(&key) == Verdict::MaybePresent {
-            guard.record_outcome(&key, false);
+            guard.record_outcome(false);
             false_positives += 1;
         }
     }
@@ -740,7 +742,7 @@ fn bad_options_are_named_errors() {
     assert_eq!(
         out_of_range(
             Guard::builder()
-                .rebuild(Rebuild::when_drift_exceeds(0.5))
+                .rebuild_policy(RebuildPolicy::default().when_drift_exceeds(0.5))
                 .build()
         ),
         "drift threshold"
@@ -844,8 +846,8 @@ async fn failed_builds_are_retried_with_backoff_until_one_succeeds() {
     let guard = Guard::builder()
         .expected_items(10_000)
         .source(Arc::clone(&source))
-        .rebuild(
-            Rebuild::manual()
+        .rebuild_policy(
+            RebuildPolicy::default()
                 .write_settle(Duration::ZERO)
                 .retry_backoff(Duration::from_millis(20), Duration::from_millis(80)),
         )
@@ -888,7 +890,7 @@ async fn a_merge_into_a_warming_guard_keeps_it_warming_until_its_first_build() {
         .expected_items(10_000)
         .seed(7)
         .source(source_of(&store))
-        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
+        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
         .build()
         .unwrap();
     guard
@@ -929,8 +931,8 @@ async fn a_merge_after_a_failed_first_build_keeps_the_guard_warming_and_retrying
         .expected_items(10_000)
         .seed(7)
         .source(Arc::clone(&source))
-        .rebuild(
-            Rebuild::manual()
+        .rebuild_policy(
+            RebuildPolicy::default()
                 .write_settle(Duration::ZERO)
                 .retry_backoff(Duration::from_millis(10), Duration::from_millis(20)),
         )
@@ -1027,7 +1029,11 @@ async fn a_saturated_guard_reports_its_drift_and_rebuilds() {
     let guard = Guard::builder()
         .expected_items(1_000)
         .source(source_of(&store))
-        .rebuild(Rebuild::when_drift_exceeds(2.0).write_settle(Duration::ZERO))
+        .rebuild_policy(
+            RebuildPolicy::default()
+                .when_drift_exceeds(2.0)
+                .write_settle(Duration::ZERO),
+        )
         .maintenance_interval(Duration::from_millis(20))
         .build()
         .unwrap();
@@ -1061,7 +1067,7 @@ fn a_drift_threshold_the_rate_can_never_reach_is_refused() {
     // At 1 % the estimated FPR can reach 100×, never more.
     let err = Guard::builder()
         .false_positive_rate(0.01)
-        .rebuild(Rebuild::when_drift_exceeds(150.0))
+        .rebuild_policy(RebuildPolicy::default().when_drift_exceeds(150.0))
         .build()
         .unwrap_err();
     assert!(err.to_string().contains("drift threshold"), "{err}");
@@ -1089,13 +1095,17 @@ fn durations_that_would_overflow_an_instant_are_refused_by_name() {
         "period"
     );
     assert_eq!(
-        named(with_source().rebuild(Rebuild::every_period(huge)).build()),
+        named(
+            with_source()
+                .rebuild_policy(RebuildPolicy::default().every(huge))
+                .build()
+        ),
         "every"
     );
     assert_eq!(
         named(
             with_source()
-                .rebuild(Rebuild::manual().timeout(huge))
+                .rebuild_policy(RebuildPolicy::default().timeout(huge))
                 .build()
         ),
         "timeout"
@@ -1103,7 +1113,7 @@ fn durations_that_would_overflow_an_instant_are_refused_by_name() {
     assert_eq!(
         named(
             with_source()
-                .rebuild(Rebuild::manual().write_settle(huge))
+                .rebuild_policy(RebuildPolicy::default().write_settle(huge))
                 .build()
         ),
         "write_settle"
@@ -1111,25 +1121,21 @@ fn durations_that_would_overflow_an_instant_are_refused_by_name() {
     assert_eq!(
         named(
             with_source()
-                .rebuild(Rebuild::manual().retry_backoff(huge, huge))
+                .rebuild_policy(RebuildPolicy::default().retry_backoff(huge, huge))
                 .build()
         ),
         "retry_backoff"
-    );
-    assert_eq!(
-        named(Guard::builder().confirmed_absent_cache(10, huge).build()),
-        "confirmed-absent ttl"
     );
     // The longest accepted durations run without overflowing anything.
     let longest = bloomguard::guard::MAX_DURATION;
     let guard = with_source()
         .maintenance_interval(longest)
-        .rebuild(
-            Rebuild::every_period(longest)
+        .rebuild_policy(
+            RebuildPolicy::default()
+                .every(longest)
                 .retry_backoff(longest, longest)
                 .timeout(longest),
         )
-        .confirmed_absent_cache(10, longest)
         .build()
         .unwrap();
     drop(guard);

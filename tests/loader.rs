@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bloomguard::{Guard, GuardedLoader, Rebuild};
+use bloomguard::{Guard, GuardedLoader, RebuildPolicy};
 use common::wait_until;
 use tokio::sync::Semaphore;
 
@@ -173,13 +173,14 @@ async fn confirmed_false_positives_are_cached_until_inserted_or_expired() {
     let settle = Duration::from_millis(100);
     let guard = Guard::builder()
         .expected_items(10_000)
-        .rebuild(Rebuild::manual().write_settle(settle))
-        .confirmed_absent_cache(100, Duration::from_secs(60))
+        .rebuild_policy(RebuildPolicy::default().write_settle(settle))
         .build()
         .unwrap();
     let gate = Gate::closed();
     gate.open.add_permits(100);
-    let loader = GuardedLoader::new(guard.clone(), gate.loader());
+    let loader = GuardedLoader::new(guard.clone(), gate.loader())
+        .confirmed_absent_cache(100, Duration::from_secs(60))
+        .unwrap();
     // "ghost" is in the filter but not in the store: a false positive.
     guard.insert("ghost");
     tokio::time::advance(2 * settle).await;
@@ -189,6 +190,11 @@ async fn confirmed_false_positives_are_cached_until_inserted_or_expired() {
     assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
     assert_eq!(gate.calls(), 1, "the confirmed answer is reused");
     assert_eq!(guard.stats().confirmed_absent_hits, 1);
+    assert_eq!(
+        loader.clone().confirmed_absent_entries(),
+        1,
+        "clones share the cache"
+    );
 
     // An insert drops the cached answer at once.
     guard.insert("ghost");
@@ -205,6 +211,58 @@ async fn confirmed_false_positives_are_cached_until_inserted_or_expired() {
     tokio::time::advance(Duration::from_secs(61)).await;
     assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
     assert_eq!(gate.calls(), 5, "expired after the ttl");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_confirmed_absent_cache_still_takes_a_hot_false_positive() {
+    let guard = Guard::builder().expected_items(10_000).build().unwrap();
+    let gate = Gate::closed();
+    gate.open.add_permits(1_000);
+    let loader = GuardedLoader::new(guard.clone(), gate.loader())
+        .confirmed_absent_cache(10, Duration::from_secs(600))
+        .unwrap();
+    let cold: Vec<String> = (0..10).map(|i| format!("cold:{i}")).collect();
+    for key in cold.iter().chain(["hot".to_string()].iter()) {
+        guard.insert(key); // false positives: in the filter, not in the store
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    for key in &cold {
+        assert_eq!(loader.get(key.clone()).await.unwrap(), None);
+    }
+    assert_eq!(
+        loader.confirmed_absent_entries(),
+        10,
+        "full of live entries"
+    );
+
+    let before = gate.calls();
+    for _ in 0..50 {
+        assert_eq!(loader.get("hot".into()).await.unwrap(), None);
+        loader.confirmed_absent_entries(); // lets the cache settle its admissions
+    }
+    let hot_calls = gate.calls() - before;
+    assert!(
+        hot_calls < 10,
+        "the hot key displaced a cold one: {hot_calls} backend calls for 50 asks"
+    );
+}
+
+#[tokio::test]
+async fn a_confirmed_absent_cache_needs_room_and_a_sane_ttl() {
+    let guard = Guard::builder().build().unwrap();
+    let refused = |capacity, ttl| {
+        GuardedLoader::new(guard.clone(), Gate::closed().loader())
+            .confirmed_absent_cache(capacity, ttl)
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(refused(0, Duration::from_secs(1)).contains("confirmed-absent capacity"));
+    let too_long = bloomguard::guard::MAX_DURATION + Duration::from_secs(1);
+    assert!(refused(10, too_long).contains("confirmed-absent ttl"));
+    assert!(refused(10, Duration::ZERO).contains("confirmed-absent ttl"));
+    GuardedLoader::new(guard, Gate::closed().loader())
+        .confirmed_absent_cache(10, bloomguard::guard::MAX_DURATION)
+        .expect("the longest ttl is accepted");
 }
 
 /// A batch loader that records the batches it was asked for.

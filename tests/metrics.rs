@@ -35,7 +35,7 @@ fn publish_reports_the_stats_with_the_guard_label_and_units() {
         for key in &keys[..10] {
             assert!(!guard.check(key).is_absent());
         }
-        guard.record_outcome("item:0", false);
+        guard.record_outcome(false);
         guard.insert("item:new");
         guard.publish_metrics();
     });

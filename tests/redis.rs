@@ -7,16 +7,16 @@ mod common;
 use std::time::Duration;
 
 use bloomguard::redis::{RedisLoader, RedisSource};
-use bloomguard::{Guard, GuardLayer, GuardedLoader, Rebuild, Verdict};
+use bloomguard::{Guard, GuardLayer, GuardedLoader, RebuildPolicy, Verdict};
 use common::redis_server::RedisServer;
 use common::wait_until;
 use tower::{ServiceExt, layer::Layer};
 
-fn guard_over(server: &RedisServer, policy: Rebuild) -> Guard {
+fn guard_over(server: &RedisServer, policy: RebuildPolicy) -> Guard {
     Guard::builder()
         .expected_items(100_000)
         .source(RedisSource::new(server.client(), "item:*").strip_prefix("item:"))
-        .rebuild(policy.retry_backoff(Duration::from_millis(20), Duration::from_millis(200)))
+        .rebuild_policy(policy.retry_backoff(Duration::from_millis(20), Duration::from_millis(200)))
         .maintenance_interval(Duration::from_millis(20))
         .build()
         .unwrap()
@@ -39,7 +39,10 @@ fn command_calls(server: &RedisServer, command: &str) -> u64 {
 async fn a_guard_rebuilds_from_scan_and_loads_with_get_and_mget() {
     let server = RedisServer::start();
     server.populate(0..50_000);
-    let guard = guard_over(&server, Rebuild::manual().write_settle(Duration::ZERO));
+    let guard = guard_over(
+        &server,
+        RebuildPolicy::default().write_settle(Duration::ZERO),
+    );
     let report = guard.rebuild().await.unwrap();
     assert_eq!(report.keys, 50_000);
     for id in (0..50_000).step_by(7) {
@@ -104,8 +107,8 @@ async fn redis_down_at_start_keeps_the_guard_warming_until_it_comes_up() {
     let guard = Guard::builder()
         .expected_items(100_000)
         .source(RedisSource::new(client.clone(), "item:*").strip_prefix("item:"))
-        .rebuild(
-            Rebuild::manual()
+        .rebuild_policy(
+            RebuildPolicy::default()
                 .write_settle(Duration::ZERO)
                 .retry_backoff(Duration::from_millis(20), Duration::from_millis(200)),
         )
@@ -151,11 +154,11 @@ async fn redis_killed_mid_scan_leaves_the_old_filter_serving() {
                 .strip_prefix("item:")
                 .count(10),
         )
-        .rebuild(Rebuild::manual().write_settle(Duration::ZERO))
+        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
         .build()
         .unwrap();
     guard.rebuild().await.unwrap();
-    let generation = guard.stats().generation;
+    let generation = guard.stats().swaps;
 
     let rebuilding = tokio::spawn({
         let guard = guard.clone();
@@ -172,7 +175,7 @@ async fn redis_killed_mid_scan_leaves_the_old_filter_serving() {
     );
     let stats = guard.stats();
     assert_eq!(stats.rebuilds.failed, 1);
-    assert_eq!(stats.generation, generation, "the old filter is still live");
+    assert_eq!(stats.swaps, generation, "the old filter is still live");
     for id in (0..100_000).step_by(13) {
         assert_eq!(guard.check(id.to_string()), Verdict::MaybePresent);
     }
@@ -400,10 +403,6 @@ mod fleet {
         assert!(matches!(error, FleetError::Incompatible(_)), "{error}");
         assert!(error.to_string().contains("seed"), "{error}");
         assert_eq!(instance.guard().check("kept"), Verdict::MaybePresent);
-        assert_eq!(
-            instance.guard().stats().generation,
-            1,
-            "nothing was swapped"
-        );
+        assert_eq!(instance.guard().stats().swaps, 1, "nothing was swapped");
     }
 }

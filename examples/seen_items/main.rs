@@ -34,7 +34,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bloomguard::{Guard, GuardBuilder, Lifecycle, Rebuild, Verify};
+use bloomguard::{Guard, GuardBuilder, Lifecycle, RebuildPolicy, Verify};
 use clap::{Parser, ValueEnum};
 
 use replay::Pacing;
@@ -352,9 +352,11 @@ impl Args {
             .seed(self.seed)
             .maintenance_interval(Duration::from_millis(50));
         match self.lifecycle {
-            LifecycleChoice::Rebuild => {
-                builder.rebuild(Rebuild::when_drift_exceeds(self.drift).headroom(self.headroom))
-            }
+            LifecycleChoice::Rebuild => builder.rebuild_policy(
+                RebuildPolicy::default()
+                    .when_drift_exceeds(self.drift)
+                    .headroom(self.headroom),
+            ),
             LifecycleChoice::Rotate => {
                 // A key leaves the guard (G-1 to G periods after its insert)
                 // no sooner than the store expires it (--window after its
@@ -368,7 +370,7 @@ impl Args {
                 builder
                     .expected_items((seen_per_period * self.headroom) as u64)
                     .lifecycle(Lifecycle::rotate(GENERATIONS, period))
-                    .rebuild(Rebuild::manual())
+                    .rebuild_policy(RebuildPolicy::default())
             }
         }
     }

@@ -386,7 +386,7 @@ async fn observe(run: Arc<Run>) -> (Vec<Sample>, Vec<Event>) {
         if let (Some(guard), Some(before)) = (guard, &mut previous) {
             let now = guard.stats();
             let sample = sample_between(before, &now, at);
-            if now.generation != before.generation {
+            if now.swaps != before.swaps {
                 let rebuild = now.rebuilds.succeeded != before.rebuilds.succeeded;
                 events.push(Event { at, rebuild });
             }

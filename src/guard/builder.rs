@@ -2,14 +2,13 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::confirmed::ConfirmedAbsent;
 use super::live::{Generation, LiveSet, LiveState};
-use super::policy::{Lifecycle, Rebuild, check_duration};
+use super::policy::{Lifecycle, RebuildPolicy, check_duration};
 use super::source::{KeySource, SourceError};
 use super::staleness::StalenessCheck;
 use super::stats::History;
@@ -18,11 +17,13 @@ use crate::error::ConfigError;
 use crate::filter::{FilterBuilder, check_false_positive_rate};
 use crate::stats::StripedCounters;
 
-/// Options for a [`Guard`]; every option has a default but the name.
+/// Options for a [`Guard`]. Every option has a default (the name's is
+/// `"default"`); name each guard of a process so that its logs and metrics
+/// tell it apart.
 ///
 /// ```
 /// use std::time::Duration;
-/// use bloomguard::{Guard, Lifecycle, Rebuild};
+/// use bloomguard::{Guard, Lifecycle, RebuildPolicy};
 ///
 /// let guard = Guard::builder()
 ///     .name("seen_items")
@@ -39,13 +40,12 @@ pub struct GuardBuilder {
     expected_items: u64,
     false_positive_rate: f64,
     lifecycle: Lifecycle,
-    rebuild: Rebuild,
+    rebuild_policy: RebuildPolicy,
     source: Option<Box<dyn KeySource>>,
     /// Seed and memory budget of every filter the guard makes; sized per filter.
     filters: FilterBuilder,
     staleness: Option<StalenessCheck>,
     maintenance_interval: Duration,
-    confirmed_absent: Option<(usize, Duration)>,
 }
 
 impl Default for GuardBuilder {
@@ -55,7 +55,7 @@ impl Default for GuardBuilder {
             expected_items: Self::DEFAULT_EXPECTED_ITEMS,
             false_positive_rate: Self::DEFAULT_FALSE_POSITIVE_RATE,
             lifecycle: Lifecycle::Single,
-            rebuild: Rebuild::default(),
+            rebuild_policy: RebuildPolicy::default(),
             source: None,
             filters: FilterBuilder::for_items(
                 Self::DEFAULT_EXPECTED_ITEMS,
@@ -63,7 +63,6 @@ impl Default for GuardBuilder {
             ),
             staleness: None,
             maintenance_interval: Self::DEFAULT_MAINTENANCE_INTERVAL,
-            confirmed_absent: None,
         }
     }
 }
@@ -109,8 +108,8 @@ impl GuardBuilder {
     }
 
     /// When and how to rebuild from the [`source`](Self::source).
-    pub fn rebuild(mut self, policy: Rebuild) -> Self {
-        self.rebuild = policy;
+    pub fn rebuild_policy(mut self, policy: RebuildPolicy) -> Self {
+        self.rebuild_policy = policy;
         self
     }
 
@@ -155,21 +154,6 @@ impl GuardBuilder {
         self
     }
 
-    /// Remembers up to `capacity` keys the backend confirmed absent after a
-    /// false positive, for `ttl`, so that a [`GuardedLoader`](crate::GuardedLoader)
-    /// answers them absent next time without asking again. Off by default.
-    ///
-    /// The trade-off: a hot false positive stops costing a backend call, but
-    /// every insert then also writes a mark into this cache (a small
-    /// allocation and a map write), and an answer is only cached when no
-    /// insert of the key happened within the rebuild policy's
-    /// [`write_settle`](Rebuild::write_settle) before the backend was asked,
-    /// so that no cached answer can hide a key being written.
-    pub fn confirmed_absent_cache(mut self, capacity: usize, ttl: Duration) -> Self {
-        self.confirmed_absent = Some((capacity, ttl));
-        self
-    }
-
     /// Builds the guard.
     ///
     /// # Errors
@@ -180,7 +164,7 @@ impl GuardBuilder {
         check_false_positive_rate(self.false_positive_rate)?;
         check_duration("maintenance_interval", self.maintenance_interval)?;
         self.lifecycle.validate()?;
-        self.rebuild.validate(self.false_positive_rate)?;
+        self.rebuild_policy.validate(self.false_positive_rate)?;
         let first_rate = self.lifecycle.first_filter_rate(self.false_positive_rate);
         // Sizing the first filter checks items, rate and budget, even for a
         // guard that only builds it after its first scan.
@@ -201,17 +185,13 @@ impl GuardBuilder {
                 first_rate,
             ))]),
         };
-        let confirmed_absent = self
-            .confirmed_absent
-            .map(|(capacity, ttl)| ConfirmedAbsent::new(capacity, ttl, self.rebuild.write_settle))
-            .transpose()?;
         let guard = Guard {
             inner: Arc::new(Inner {
                 name: self.name,
                 expected_items: self.expected_items,
                 target_fpr: self.false_positive_rate,
                 lifecycle: self.lifecycle,
-                rebuild: self.rebuild,
+                rebuild_policy: self.rebuild_policy,
                 source: self.source,
                 seed,
                 filters,
@@ -227,7 +207,7 @@ impl GuardBuilder {
                 maintenance_interval: self.maintenance_interval,
                 staleness,
                 verifier: Mutex::new(verifier),
-                confirmed_absent,
+                insert_clock: OnceLock::new(),
             }),
         };
         Ok(guard)
@@ -241,7 +221,7 @@ impl fmt::Debug for GuardBuilder {
             .field("expected_items", &self.expected_items)
             .field("false_positive_rate", &self.false_positive_rate)
             .field("lifecycle", &self.lifecycle)
-            .field("rebuild", &self.rebuild)
+            .field("rebuild_policy", &self.rebuild_policy)
             .field("source", &self.source.is_some())
             .field("staleness_check", &self.staleness.is_some())
             .finish_non_exhaustive()

@@ -124,7 +124,7 @@ impl Guard {
             guard: Arc::downgrade(&self.inner),
             wake: Arc::clone(&self.inner.wake),
             interval: self.inner.maintenance_interval,
-            backoff: Backoff::new(self.inner.rebuild.retry_backoff),
+            backoff: Backoff::new(self.inner.rebuild_policy.retry_backoff),
             retry_at: None,
             warming_reported_at: None,
             _running: Running::count(&self.inner.maintenance_tasks, &self.inner.name),
@@ -140,7 +140,7 @@ impl Guard {
     /// Why a rebuild is due now, if it is.
     fn rebuild_due(&self, now: Instant) -> Option<&'static str> {
         self.inner.source.as_ref()?;
-        let policy = &self.inner.rebuild;
+        let policy = &self.inner.rebuild_policy;
         if self.is_warming() {
             return Some("first build");
         }
@@ -320,7 +320,7 @@ impl Task {
     /// Logs a guard still warming past its rebuild timeout, once per timeout:
     /// it fails open meanwhile, so only the log and the stats show it.
     fn report_long_warming(&mut self, guard: &Guard, now: Instant) {
-        let timeout = guard.inner.rebuild.timeout;
+        let timeout = guard.inner.rebuild_policy.timeout;
         let since = self.warming_reported_at.unwrap_or(guard.inner.built_at);
         if guard.is_warming() && now.saturating_duration_since(since) > timeout {
             self.warming_reported_at = Some(now);

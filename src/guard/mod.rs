@@ -3,7 +3,7 @@
 //!
 //! A guard answers [`check`](Guard::check) from filters it holds behind an
 //! `ArcSwap`: one load, then the probes, no lock. Around that it runs the
-//! lifecycle of its [`Lifecycle`] and [`Rebuild`] policies — rebuild from a
+//! lifecycle of its [`Lifecycle`] and [`RebuildPolicy`] policies — rebuild from a
 //! [`KeySource`], rotation of time windows, growth — and measures itself
 //! ([`GuardStats`]).
 //!
@@ -31,7 +31,7 @@
 //! ```
 
 mod builder;
-mod confirmed;
+mod insert_clock;
 mod live;
 mod maintenance;
 mod policy;
@@ -45,7 +45,7 @@ mod writes;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -54,10 +54,12 @@ use crate::error::{ConfigError, IncompatibleFilters, StillWarming};
 use crate::filter::{AtomicBloom, FilterBuilder, hash_key};
 use crate::stats::StripedCounters;
 pub use builder::GuardBuilder;
+use insert_clock::InsertClock;
 use live::{Generation, LiveSet, LiveState};
 pub use maintenance::MaintenanceHandle;
-pub use policy::{Lifecycle, MAX_DURATION, Rebuild};
-use policy::{MAX_GROWN_FILTERS, check_duration};
+use policy::MAX_GROWN_FILTERS;
+pub(crate) use policy::check_duration;
+pub use policy::{Lifecycle, MAX_DURATION, RebuildPolicy};
 pub use reader::GuardReader;
 pub use rebuild::{RebuildError, RebuildOutcome, RebuildReport};
 pub use source::{KeySource, SourceError};
@@ -120,7 +122,7 @@ struct Inner {
     expected_items: u64,
     target_fpr: f64,
     lifecycle: Lifecycle,
-    rebuild: Rebuild,
+    rebuild_policy: RebuildPolicy,
     source: Option<Box<dyn KeySource>>,
     seed: u64,
     /// Makes each new filter: the seed above, the memory budget.
@@ -145,8 +147,9 @@ struct Inner {
     built_at: tokio::time::Instant,
     maintenance_interval: Duration,
     staleness: Option<StalenessSampler>,
-    /// Keys the backend confirmed absent after a false positive (off by default).
-    confirmed_absent: Option<confirmed::ConfirmedAbsent>,
+    /// When keys were last inserted, kept once a loader caches confirmed
+    /// false positives (see `crate::loader`).
+    insert_clock: OnceLock<InsertClock>,
     /// The verifying half of the staleness check, taken by the maintenance task.
     verifier: Mutex<Option<Verifier>>,
 }
@@ -339,7 +342,7 @@ impl Guard {
     /// once it returns, `check(key)` never answers `Absent`.
     ///
     /// The write must become visible within the rebuild policy's
-    /// [`write_settle`](Rebuild::write_settle) (250 ms by default) of this
+    /// [`write_settle`](RebuildPolicy::write_settle) (250 ms by default) of this
     /// call, or be covered by a [`PendingWrite`] ([`begin_write`](Self::begin_write)).
     #[inline]
     pub fn insert(&self, key: impl AsRef<[u8]>) {
@@ -373,7 +376,7 @@ impl Guard {
         PendingWrite {
             guard: self.clone(),
             held,
-            key: self.inner.confirmed_absent.as_ref().map(|_| key.into()),
+            hash: hash_key(key, self.inner.seed),
         }
     }
 
@@ -421,17 +424,14 @@ impl Guard {
         if let Some(shadow) = &live.shadow {
             shadow.generation.filter.insert_hashed(hash);
         }
-        if let Some(confirmed) = &self.inner.confirmed_absent {
-            confirmed.note_insert(key);
-        }
+        self.stamp_insert(hash);
         self.inner.counters.add(Counter::Inserts as usize, 1);
     }
 
     /// Reports what the backend answered for a key after `MaybePresent`:
     /// `found == false` is a false positive. (After `Warming`, report
     /// nothing, or only what was found: a miss there says nothing of the filter.)
-    pub fn record_outcome(&self, key: impl AsRef<[u8]>, found: bool) {
-        let _ = key;
+    pub fn record_outcome(&self, found: bool) {
         self.count_outcome(Verdict::MaybePresent, found);
     }
 
@@ -471,9 +471,34 @@ impl Guard {
         self.inner.counters.add(Counter::ShadowedAbsent as usize, 1);
     }
 
-    /// The cache of confirmed false positives, when the builder enabled one.
-    pub(crate) fn confirmed_absent(&self) -> Option<&confirmed::ConfirmedAbsent> {
-        self.inner.confirmed_absent.as_ref()
+    /// Starts timing inserts, for a loader's confirmed-absent cache.
+    pub(crate) fn time_inserts(&self) {
+        self.inner.insert_clock.get_or_init(InsertClock::new);
+    }
+
+    /// Stamps an insert of the key hashing to `hash` when inserts are timed.
+    #[inline]
+    pub(crate) fn stamp_insert(&self, hash: u64) {
+        if let Some(clock) = self.inner.insert_clock.get() {
+            clock.stamp(hash);
+        }
+    }
+
+    /// Whether `key` may have been inserted, and so written to the store,
+    /// after a backend read that began at `asked_at`: inserted at or after
+    /// `asked_at` minus the write settle (see
+    /// [`RebuildPolicy::write_settle`]). `true` while inserts are not timed.
+    pub(crate) fn may_have_written_since(
+        &self,
+        key: &[u8],
+        asked_at: tokio::time::Instant,
+    ) -> bool {
+        let Some(clock) = self.inner.insert_clock.get() else {
+            return true;
+        };
+        let settle = self.inner.rebuild_policy.write_settle;
+        let since = asked_at.checked_sub(settle).unwrap_or(self.inner.built_at);
+        clock.inserted_since(hash_key(key, self.inner.seed), since)
     }
 
     pub(crate) fn count_confirmed_absent_hit(&self) {
@@ -482,13 +507,13 @@ impl Guard {
             .add(Counter::ConfirmedAbsentHits as usize, 1);
     }
 
-    /// Reports that the store deleted a key. A Bloom filter cannot forget:
-    /// the key stays "maybe" until the next rebuild, raising the real
-    /// false-positive rate without changing the fill. The guard counts these
-    /// and rebuilds once they pass [`Rebuild::when_removed_exceeds`].
-    pub fn note_removed(&self, key: impl AsRef<[u8]>) {
-        let _ = key;
-        self.inner.counters.add(Counter::Removed as usize, 1);
+    /// Reports that the store deleted `count` keys. A Bloom filter cannot
+    /// forget: a deleted key stays "maybe" until the next rebuild, raising
+    /// the real false-positive rate without changing the fill. The guard
+    /// counts these and rebuilds once they pass
+    /// [`RebuildPolicy::when_removed_exceeds`].
+    pub fn note_removals(&self, count: u64) {
+        self.inner.counters.add(Counter::Removed as usize, count);
     }
 
     /// The guard's name, as given to the builder (the `guard` metrics label).
@@ -645,8 +670,8 @@ impl LiveFilters {
     }
 
     /// The number of the swap that made these filters live (see
-    /// [`GuardStats::generation`]).
-    pub fn generation(&self) -> u64 {
+    /// [`GuardStats::swaps`]).
+    pub fn swaps(&self) -> u64 {
         self.live.number
     }
 }
@@ -654,7 +679,7 @@ impl LiveFilters {
 impl fmt::Debug for LiveFilters {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LiveFilters")
-            .field("generation", &self.live.number)
+            .field("swaps", &self.live.number)
             .field("filters", &self.live.generations.len())
             .finish()
     }
@@ -675,7 +700,7 @@ impl fmt::Debug for Guard {
             .field("name", &self.inner.name)
             .field("lifecycle", &self.inner.lifecycle)
             .field("generations", &live.generations.len())
-            .field("generation", &live.number)
+            .field("swaps", &live.number)
             .field("rebuilding", &live.shadow.is_some())
             .finish_non_exhaustive()
     }

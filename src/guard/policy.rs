@@ -1,10 +1,10 @@
-//! What a guard does as its data changes: [`Lifecycle`] and [`Rebuild`].
+//! What a guard does as its data changes: [`Lifecycle`] and [`RebuildPolicy`].
 
 use std::time::Duration;
 
 use crate::error::ConfigError;
 
-/// How a guard's filters age: one of three shapes. A [`Rebuild`] policy may
+/// How a guard's filters age: one of three shapes. A [`RebuildPolicy`] policy may
 /// be combined with any of them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
@@ -153,13 +153,15 @@ impl Lifecycle {
 ///
 /// ```
 /// use std::time::Duration;
-/// use bloomguard::Rebuild;
+/// use bloomguard::RebuildPolicy;
 ///
-/// let policy = Rebuild::when_drift_exceeds(2.0).every(Duration::from_secs(3600));
+/// let policy = RebuildPolicy::default()
+///     .when_drift_exceeds(2.0)
+///     .every(Duration::from_secs(3600));
 /// # let _ = policy;
 /// ```
 #[derive(Debug, Clone, PartialEq)]
-pub struct Rebuild {
+pub struct RebuildPolicy {
     pub(crate) every: Option<Duration>,
     pub(crate) drift_threshold: Option<f64>,
     pub(crate) removed_fraction: Option<f64>,
@@ -169,8 +171,10 @@ pub struct Rebuild {
     pub(crate) retry_backoff: (Duration, Duration),
 }
 
-impl Default for Rebuild {
-    /// Manual rebuilds only, plus the first build and the staleness trigger.
+impl Default for RebuildPolicy {
+    /// No trigger of its own: a rebuild runs when asked
+    /// ([`Guard::rebuild`](crate::Guard::rebuild)), when the guard was never
+    /// built, or when the staleness check found it stale.
     fn default() -> Self {
         Self {
             every: None,
@@ -184,7 +188,7 @@ impl Default for Rebuild {
     }
 }
 
-impl Rebuild {
+impl RebuildPolicy {
     /// Room left for growth: a rebuild sizes for `counted keys × headroom`.
     pub const DEFAULT_HEADROOM: f64 = 1.5;
     /// A rebuild running longer than this fails, and the old filter keeps serving.
@@ -193,39 +197,23 @@ impl Rebuild {
     /// before it starts reading the source. See [`write_settle`](Self::write_settle).
     pub const DEFAULT_WRITE_SETTLE: Duration = Duration::from_millis(250);
 
-    /// Rebuild only when asked ([`Guard::rebuild`](crate::Guard::rebuild)),
-    /// when the filter was never built, or when found stale.
-    pub fn manual() -> Self {
-        Self::default()
-    }
-
-    /// Rebuild when the estimated or observed false-positive rate exceeds
-    /// `ratio` × the target (2.0 is a good start).
-    pub fn when_drift_exceeds(ratio: f64) -> Self {
-        Self::default().drift(ratio)
-    }
-
-    /// Rebuild on a schedule, `period` after the last successful build.
-    pub fn every_period(period: Duration) -> Self {
-        Self::default().every(period)
-    }
-
-    /// Adds a schedule: rebuild `period` after the last successful build.
+    /// Rebuild on a schedule: `period` after the last successful build.
     #[must_use]
     pub fn every(mut self, period: Duration) -> Self {
         self.every = Some(period);
         self
     }
 
-    /// Adds a drift trigger at `ratio` × the target false-positive rate.
+    /// Rebuild when the estimated or observed false-positive rate exceeds
+    /// `ratio` × the target (2.0 is a good start).
     #[must_use]
-    pub fn drift(mut self, ratio: f64) -> Self {
+    pub fn when_drift_exceeds(mut self, ratio: f64) -> Self {
         self.drift_threshold = Some(ratio);
         self
     }
 
     /// Adds a trigger for deleted keys: rebuild once the keys reported by
-    /// [`Guard::note_removed`](crate::Guard::note_removed) since the last
+    /// [`Guard::note_removals`](crate::Guard::note_removals) since the last
     /// build exceed `fraction` of the keys that build counted. Deleted keys
     /// stay "maybe" in the filter and raise the real false-positive rate
     /// without changing the fill, so no fill-based estimate sees them.

@@ -100,7 +100,7 @@ impl Guard {
             started: Instant::now(),
             finished: false,
         };
-        let timeout = self.inner.rebuild.timeout;
+        let timeout = self.inner.rebuild_policy.timeout;
         let span = tracing::info_span!("bloomguard.rebuild", guard = %self.inner.name);
         let result = tokio::time::timeout(timeout, self.build_from(source.as_ref()))
             .instrument(span.clone())
@@ -124,7 +124,7 @@ impl Guard {
             });
             let installed = Installed::new(self, Arc::clone(&shadow));
             self.wait_for_earlier_writes().await;
-            tokio::time::sleep(self.inner.rebuild.write_settle).await;
+            tokio::time::sleep(self.inner.rebuild_policy.write_settle).await;
             let keys = stream_into(&shadow.generation.filter, source).await?;
             if keys <= capacity || pass == MAX_PASSES {
                 installed.commit(keys)?;
@@ -147,7 +147,7 @@ impl Guard {
 
     /// The larger of the configured items and `counted × headroom`.
     fn capacity_for(&self, counted: u64) -> u64 {
-        let with_headroom = (counted as f64 * self.inner.rebuild.headroom).ceil() as u64;
+        let with_headroom = (counted as f64 * self.inner.rebuild_policy.headroom).ceil() as u64;
         self.inner.expected_items.max(with_headroom)
     }
 

@@ -173,11 +173,11 @@ pub struct GuardStats {
     pub false_positives: u64,
     /// Keys the staleness check found in the store after an `Absent` answer.
     pub stale_negatives: u64,
-    /// `MaybePresent` answers turned into "absent" by the cache of confirmed
-    /// false positives, without a backend call.
+    /// `MaybePresent` answers turned into "absent" by a loader's cache of
+    /// confirmed false positives (see
+    /// [`GuardedLoader::confirmed_absent_cache`](crate::GuardedLoader::confirmed_absent_cache)),
+    /// without a backend call.
     pub confirmed_absent_hits: u64,
-    /// Entries in that cache (answers and insert marks).
-    pub confirmed_absent_entries: usize,
     /// `MaybePresent` answers trusted as present without a backend call
     /// ([`Verify::Sample`](crate::Verify::Sample), [`Verify::None`](crate::Verify::None)).
     pub unverified_positives: u64,
@@ -229,8 +229,9 @@ pub struct GuardStats {
     /// Live filters (generations); 0 while warming, unless a filter was
     /// merged in before the first build.
     pub generations: usize,
-    /// Changes at every swap of the live filters (rebuild, rotation, growth).
-    pub generation: u64,
+    /// How many times the live set was replaced (by a rebuild, a rotation
+    /// or growth): a change means the filters answering are new.
+    pub swaps: u64,
     /// Bytes of the live filters, and of the one being built if any.
     pub memory_bytes: usize,
     /// Whether a rebuild is filling a new filter now.
@@ -305,7 +306,6 @@ impl Guard {
             false_positives: outcomes.false_positives,
             stale_negatives: count(Counter::StaleNegatives),
             confirmed_absent_hits: count(Counter::ConfirmedAbsentHits),
-            confirmed_absent_entries: self.inner.confirmed_absent.as_ref().map_or(0, |c| c.len()),
             unverified_positives: outcomes.unverified,
             over_filtered,
             over_filtering_rate: (negatives > 0.0).then(|| over_filtered / negatives),
@@ -328,7 +328,7 @@ impl Guard {
                 .load(std::sync::atomic::Ordering::Relaxed)
                 > 0,
             generations: live.generations.len(),
-            generation: live.number,
+            swaps: live.number,
             memory_bytes: live.memory_bytes(),
             rebuilding: live.shadow.is_some(),
             rebuilds,

@@ -87,9 +87,9 @@ impl std::fmt::Debug for WriteTracker {
 pub struct PendingWrite {
     pub(crate) guard: Guard,
     pub(crate) held: HeldIn,
-    /// Kept when the guard caches confirmed-absent keys, to mark the key
-    /// inserted again once the write has landed.
-    pub(crate) key: Option<Box<[u8]>>,
+    /// The key's hash, to stamp its insert time again once the write has
+    /// landed (for a loader's confirmed-absent cache).
+    pub(crate) hash: u64,
 }
 
 /// Which count a [`PendingWrite`] holds.
@@ -103,9 +103,7 @@ pub(crate) enum HeldIn {
 
 impl Drop for PendingWrite {
     fn drop(&mut self) {
-        if let (Some(key), Some(confirmed)) = (&self.key, self.guard.confirmed_absent()) {
-            confirmed.note_insert(key);
-        }
+        self.guard.stamp_insert(self.hash);
         match &self.held {
             HeldIn::Guard(stripe) => self.guard.inner.live.writes().exit(*stripe),
             HeldIn::Shadow(writes, stripe) => writes.exit(*stripe),

@@ -27,10 +27,13 @@
 //! cancelled, a waiting caller takes over and calls the backend itself; the
 //! shared entry is removed when the call completes, fails or is cancelled.
 
+mod confirmed;
+
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
@@ -40,6 +43,7 @@ use tokio::time::Instant;
 use crate::error::ConfigError;
 use crate::guard::{Guard, Verdict};
 use crate::verify::Verify;
+use confirmed::ConfirmedAbsent;
 
 /// An async lookup in the store behind a guard: `Ok(None)` when the key is
 /// not there.
@@ -127,6 +131,7 @@ pub struct GuardedLoader<K, L: Loader<K>> {
     inner: Arc<Inner<K, L>>,
     verify: Verify,
     shadow: bool,
+    confirmed_absent: Option<Arc<ConfirmedAbsent>>,
 }
 
 /// Where a checked key's answer comes from.
@@ -161,9 +166,7 @@ where
     K: AsRef<[u8]> + Hash + Eq + Clone + Send + Sync + 'static,
     L: Loader<K>,
 {
-    /// Puts `guard` in front of `loader`. To cache confirmed false
-    /// positives as well, build the guard with
-    /// [`GuardBuilder::confirmed_absent_cache`](crate::GuardBuilder::confirmed_absent_cache).
+    /// Puts `guard` in front of `loader`.
     pub fn new(guard: Guard, loader: L) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -173,6 +176,7 @@ where
             }),
             verify: Verify::All,
             shadow: false,
+            confirmed_absent: None,
         }
     }
 
@@ -215,6 +219,57 @@ where
     pub fn shadow(mut self) -> Self {
         self.shadow = true;
         self
+    }
+
+    /// Remembers up to `capacity` keys the backend confirmed absent after a
+    /// false positive, for `ttl`, and answers them absent without asking
+    /// again. Off by default. Clones of this loader share the cache.
+    ///
+    /// A cached answer never hides a key being written: it is trusted only
+    /// while the key has had no [`Guard::insert`] since the backend was asked
+    /// minus the rebuild policy's
+    /// [`write_settle`](crate::RebuildPolicy::write_settle) (the time within
+    /// which a write reaches the store after its insert). For that the guard
+    /// stamps each insert's time from now on (one atomic per insert).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// use std::time::Duration;
+    /// use bloomguard::{Guard, GuardedLoader};
+    ///
+    /// let guard = Guard::builder().expected_items(1_000).build()?;
+    /// let loader = GuardedLoader::new(guard.clone(), |_key: String| async {
+    ///     Ok::<Option<u32>, std::io::Error>(None) // the store holds nothing
+    /// })
+    /// .confirmed_absent_cache(10_000, Duration::from_secs(60))?;
+    /// guard.insert("ghost"); // inserted, then the store write failed
+    /// tokio::time::sleep(Duration::from_millis(300)).await; // past the write settle
+    /// assert_eq!(loader.get("ghost".into()).await?, None); // asks the backend
+    /// assert_eq!(loader.get("ghost".into()).await?, None); // from the cache
+    /// assert_eq!(guard.stats().confirmed_absent_hits, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// A zero `capacity`, or a `ttl` that is zero or over
+    /// [`MAX_DURATION`](crate::guard::MAX_DURATION).
+    pub fn confirmed_absent_cache(
+        mut self,
+        capacity: u64,
+        ttl: Duration,
+    ) -> Result<Self, ConfigError> {
+        let cache = ConfirmedAbsent::new(&self.inner.guard, capacity, ttl)?;
+        self.confirmed_absent = Some(Arc::new(cache));
+        Ok(self)
+    }
+
+    /// Keys held by the confirmed-absent cache (expired ones until they are
+    /// swept); 0 without one.
+    pub fn confirmed_absent_entries(&self) -> u64 {
+        self.confirmed_absent
+            .as_ref()
+            .map_or(0, |cache| cache.len())
     }
 
     /// Loads `key` unless the guard rules it out.
@@ -359,9 +414,10 @@ where
             Verdict::Warming => Route::Ask,
             Verdict::MaybePresent => {
                 // A false positive the backend confirmed: absent without it.
-                let confirmed = guard
-                    .confirmed_absent()
-                    .is_some_and(|confirmed| confirmed.is_absent(key.as_ref()));
+                let confirmed = self
+                    .confirmed_absent
+                    .as_ref()
+                    .is_some_and(|cache| cache.is_absent(guard, key.as_ref()));
                 if confirmed {
                     guard.count_confirmed_absent_hit();
                     Route::Absent
@@ -392,9 +448,9 @@ where
         guard.count_outcome(verdict, found);
         if !found
             && verdict == Verdict::MaybePresent
-            && let Some(confirmed) = guard.confirmed_absent()
+            && let Some(cache) = &self.confirmed_absent
         {
-            confirmed.remember(key.as_ref(), asked_at);
+            cache.remember(guard, key.as_ref(), asked_at);
         }
     }
 
@@ -485,6 +541,7 @@ impl<K, L: Loader<K>> Clone for GuardedLoader<K, L> {
             inner: Arc::clone(&self.inner),
             verify: self.verify,
             shadow: self.shadow,
+            confirmed_absent: self.confirmed_absent.clone(),
         }
     }
 }
@@ -495,6 +552,7 @@ impl<K: Hash + Eq, L: Loader<K>> fmt::Debug for GuardedLoader<K, L> {
             .field("guard", &self.inner.guard)
             .field("verify", &self.verify)
             .field("shadow", &self.shadow)
+            .field("confirmed_absent", &self.confirmed_absent)
             .field("in_flight", &self.inner.in_flight.len())
             .finish_non_exhaustive()
     }

@@ -1,0 +1,68 @@
+//! When each key was last inserted, approximately: the guard's side of the
+//! loader's confirmed-absent cache (see `crate::loader::ConfirmedAbsent`).
+//!
+//! A cached "absent" must not outlive an insert of its key, nor be made from
+//! a backend answer that raced with one. Rather than mark every inserted key
+//! (memory that grows with the inserts, and marks a bounded cache could
+//! evict), each insert stamps the time into one of a fixed set of stripes
+//! chosen by the key's hash; the cache trusts an answer only while the
+//! key's stripe has had no insert since "asked minus the write settle". A
+//! collision with another key's insert costs one more backend call, never a
+//! wrong answer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::time::Instant;
+
+/// 4096 stripes (32 KiB): with 10,000 inserts a second, a stripe sees one
+/// every 0.4 s, so a hot false positive is re-asked about that often.
+const STRIPES: usize = 1 << 12;
+
+pub(crate) struct InsertClock {
+    base: Instant,
+    /// Nanoseconds after `base` of the latest insert into each stripe, plus
+    /// one (0: none yet).
+    last_insert: Box<[AtomicU64]>,
+}
+
+impl InsertClock {
+    pub(crate) fn new() -> Self {
+        Self {
+            base: Instant::now(),
+            last_insert: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Stamps an insert of the key hashing to `hash`, now.
+    #[inline]
+    pub(crate) fn stamp(&self, hash: u64) {
+        let now = self.ticks(Instant::now());
+        // SeqCst: an insert that returned before a cache read began is seen by it.
+        self.stripe(hash).fetch_max(now, Ordering::SeqCst);
+    }
+
+    /// Whether a key hashing to `hash` may have been inserted at or after `since`.
+    pub(crate) fn inserted_since(&self, hash: u64, since: Instant) -> bool {
+        self.stripe(hash).load(Ordering::SeqCst) >= self.ticks(since)
+    }
+
+    fn stripe(&self, hash: u64) -> &AtomicU64 {
+        // The top bits: the filter's block index uses the high bits too, but
+        // only a product with the block count, so these stay well spread.
+        &self.last_insert[(hash >> (64 - STRIPES.trailing_zeros())) as usize]
+    }
+
+    /// `at` as a stamp: nanoseconds after `base`, plus one (earlier: 1).
+    fn ticks(&self, at: Instant) -> u64 {
+        let nanos = at.saturating_duration_since(self.base).as_nanos();
+        u64::try_from(nanos).unwrap_or(u64::MAX - 1) + 1
+    }
+}
+
+impl std::fmt::Debug for InsertClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InsertClock")
+            .field("stripes", &self.last_insert.len())
+            .finish()
+    }
+}

@@ -5,6 +5,7 @@
 
 use std::error::Error;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A parameter given to a constructor or builder is outside what it accepts.
@@ -216,16 +217,17 @@ impl fmt::Display for StillWarming {
 impl std::error::Error for StillWarming {}
 
 /// A [`KeySource`](crate::KeySource) failed: the store was unreachable, a cursor broke.
-#[derive(Debug)]
+/// Cheap to clone (the cause is shared), so that a rebuild's report can keep it.
+#[derive(Debug, Clone)]
 pub struct SourceError {
-    cause: Box<dyn Error + Send + Sync>,
+    cause: Arc<dyn Error + Send + Sync>,
 }
 
 impl SourceError {
     /// Wraps the cause of the failure (an error, or a message).
     pub fn new(cause: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
         Self {
-            cause: cause.into(),
+            cause: Arc::from(cause.into()),
         }
     }
 }
@@ -243,7 +245,7 @@ impl Error for SourceError {
 }
 
 /// Why a rebuild did not complete. The live filters keep serving.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum RebuildError {
     /// The guard has no [`KeySource`](crate::KeySource).
@@ -259,6 +261,9 @@ pub enum RebuildError {
     /// (another size): swapping would lose its keys. A later rebuild (the
     /// maintenance task retries) reads them from the store.
     MergedDuringRebuild,
+    /// The rebuild's future was dropped before it finished (its caller was
+    /// cancelled, or the maintenance task stopped).
+    Cancelled,
 }
 
 impl fmt::Display for RebuildError {
@@ -271,6 +276,7 @@ impl fmt::Display for RebuildError {
             Self::MergedDuringRebuild => f.write_str(
                 "a filter was merged into the guard during the rebuild; the rebuilt filter would lose its keys",
             ),
+            Self::Cancelled => f.write_str("the rebuild was dropped before it finished"),
         }
     }
 }
@@ -280,7 +286,9 @@ impl std::error::Error for RebuildError {
         match self {
             Self::Source(error) => Some(error),
             Self::Config(error) => Some(error),
-            Self::NoSource | Self::TimedOut(_) | Self::MergedDuringRebuild => None,
+            Self::NoSource | Self::TimedOut(_) | Self::MergedDuringRebuild | Self::Cancelled => {
+                None
+            }
         }
     }
 }

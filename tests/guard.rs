@@ -310,7 +310,7 @@ async fn a_failing_source_leaves_the_old_filter_serving() {
     let source = Arc::new(ScriptedSource::new(source_of(&store)));
     let guard = manual_guard(10_000, Arc::clone(&source));
     guard.rebuild().await.unwrap();
-    let generation = guard.stats().swaps;
+    let swaps = guard.stats().swaps;
 
     source.fail_after_batches.store(2, Ordering::SeqCst);
     let error = guard.rebuild().await.unwrap_err();
@@ -318,11 +318,14 @@ async fn a_failing_source_leaves_the_old_filter_serving() {
     assert!(error.to_string().contains("connection reset"), "{error}");
     let stats = guard.stats();
     assert_eq!(stats.rebuilds.failed, 1);
-    assert_eq!(stats.swaps, generation, "no swap after a failure");
+    assert_eq!(stats.swaps, swaps, "no swap after a failure");
     assert!(!stats.rebuilding, "the abandoned filter is gone");
-    assert_eq!(
-        stats.last_rebuild.as_ref().map(|r| r.outcome),
-        Some(RebuildOutcome::Failed)
+    let report = stats.last_rebuild.expect("the failed attempt is reported");
+    assert_eq!(report.outcome, RebuildOutcome::Failed);
+    assert!(
+        matches!(&report.error, Some(RebuildError::Source(cause)) if cause.to_string().contains("connection reset")),
+        "the report keeps the typed error: {:?}",
+        report.error
     );
     assert_all_present(&guard, &initial, "after a failed rebuild");
 

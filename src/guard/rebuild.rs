@@ -53,7 +53,7 @@ pub enum RebuildOutcome {
 }
 
 /// One rebuild attempt, as [`GuardStats::last_rebuild`](super::GuardStats::last_rebuild) shows it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RebuildReport {
     /// How it ended.
@@ -69,7 +69,7 @@ pub struct RebuildReport {
     /// Keys the new filter was sized for.
     pub capacity: u64,
     /// What went wrong, for an attempt that did not succeed.
-    pub error: Option<String>,
+    pub error: Option<RebuildError>,
 }
 
 /// What a completed build swapped in.
@@ -284,11 +284,7 @@ impl Attempt<'_> {
                 (outcome, None, Some(error))
             }
         };
-        let report = self.report(
-            outcome,
-            built.as_ref(),
-            error.as_ref().map(ToString::to_string),
-        );
+        let report = self.report(outcome, built.as_ref(), error.clone());
         self.guard.record_attempt(report.clone(), built.as_ref());
         match error {
             None => Ok(report),
@@ -303,7 +299,7 @@ impl Attempt<'_> {
         &self,
         outcome: RebuildOutcome,
         built: Option<&Built>,
-        error: Option<String>,
+        error: Option<RebuildError>,
     ) -> RebuildReport {
         RebuildReport {
             outcome,
@@ -323,7 +319,7 @@ impl Drop for Attempt<'_> {
             let report = self.report(
                 RebuildOutcome::Cancelled,
                 None,
-                Some("the rebuild was dropped before it finished".to_owned()),
+                Some(RebuildError::Cancelled),
             );
             self.guard.record_attempt(report, None);
         }

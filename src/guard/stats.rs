@@ -149,7 +149,7 @@ pub struct RebuildCounts {
 ///
 /// Counts are cumulative since the guard was built, except where a field
 /// says "since the last rebuild".
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct GuardStats {
     /// The guard's name.

@@ -1,8 +1,9 @@
-//! The axum example under load on loopback, with and without the guard
-//! layer: requests/s, latency percentiles, and store reads per request.
+//! The items service (the axum example's shape, from the tests' support)
+//! under load on loopback, with and without the guard layer: requests/s,
+//! latency percentiles, and store reads per request.
 //!
 //! ```text
-//! cargo bench --bench http --features metrics
+//! cargo bench --bench http
 //! ```
 //!
 //! 97 % of the requests ask for ids the store does not have (the seen-items
@@ -12,16 +13,18 @@
 //! when the last answer arrived, for 5 s per configuration.
 //! The table is printed and written to `target/criterion/http-load.md`.
 
-#[path = "../examples/axum_service.rs"]
-#[allow(unreachable_pub)]
-mod example;
+#[path = "../tests/common/items_service.rs"]
+mod items_service;
+
+#[path = "../tests/common/http_client.rs"]
+#[allow(dead_code)] // the bench reads only the status
+mod http_client;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use metrics_exporter_prometheus::PrometheusBuilder;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use http_client::HttpClient;
+use items_service::{MakeApp, SEEDED_ITEMS, Store};
 
 const CONNECTIONS: usize = 32;
 const DURATION: Duration = Duration::from_secs(5);
@@ -31,40 +34,20 @@ const PRESENT_PER_100: u64 = 3;
 /// Sends requests on one keep-alive connection until `until`; returns each
 /// request's latency in microseconds.
 async fn drive(address: SocketAddr, connection: u64, until: Instant) -> Vec<u32> {
-    let stream = TcpStream::connect(address).await.unwrap();
-    stream.set_nodelay(true).unwrap();
-    let mut stream = BufReader::new(stream);
+    let mut client = HttpClient::connect(address).await;
     let mut latencies = Vec::new();
-    let mut line = String::new();
     let mut n = connection * 1_000_000;
     while Instant::now() < until {
         n += 1;
         let path = if n % 100 < PRESENT_PER_100 {
-            format!("/items/{}", n % example::SEEDED_ITEMS)
+            format!("/items/{}", n % SEEDED_ITEMS)
         } else {
             format!("/items/absent-{n}")
         };
-        let request = format!("GET {path} HTTP/1.1\r\nhost: bench\r\n\r\n");
         let start = Instant::now();
-        stream
-            .get_mut()
-            .write_all(request.as_bytes())
-            .await
-            .unwrap();
-        let mut length = 0;
-        loop {
-            line.clear();
-            stream.read_line(&mut line).await.unwrap();
-            if line == "\r\n" {
-                break;
-            }
-            if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                length = value.trim().parse().unwrap();
-            }
-        }
-        let mut body = vec![0; length];
-        stream.read_exact(&mut body).await.unwrap();
+        let reply = client.get(&path).await;
         latencies.push(start.elapsed().as_micros() as u32);
+        assert!(matches!(reply.status.as_u16(), 200 | 404), "{reply:?}");
     }
     latencies
 }
@@ -77,19 +60,17 @@ async fn measure(
     duration: Duration,
     name: &str,
     read_delay: Option<Duration>,
-    make_app: example::MakeApp,
-    prometheus: metrics_exporter_prometheus::PrometheusHandle,
+    make_app: MakeApp,
 ) -> String {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let mut store = example::Store::seeded(example::SEEDED_ITEMS);
+    let mut store = Store::seeded(SEEDED_ITEMS);
     if let Some(delay) = read_delay {
         store = store.with_read_delay(delay);
     }
-    let running = example::start_with(
+    let running = items_service::start(
         make_app,
         store,
         SocketAddr::from(([127, 0, 0, 1], 0)),
-        prometheus,
         async {
             let _ = stopped.await;
         },
@@ -128,26 +109,22 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let prometheus = PrometheusBuilder::new().build_recorder().handle();
     let rows = runtime.block_on(async {
         // Warm-up, not reported: the first configuration measured ran ~20 % slow.
         let warm_up = Duration::from_secs(1);
-        measure(warm_up, "warm-up", None, example::app, prometheus.clone()).await;
+        measure(warm_up, "warm-up", None, items_service::app).await;
         let mut rows = Vec::new();
         for (store, delay) in [
             ("in-memory", None),
             ("1 ms reads", Some(Duration::from_millis(1))),
         ] {
             for (name, app) in [
-                (
-                    "without the guard",
-                    example::unguarded_app as example::MakeApp,
-                ),
-                ("with GuardLayer", example::app),
-                ("without the guard (again)", example::unguarded_app),
+                ("without the guard", items_service::unguarded_app as MakeApp),
+                ("with GuardLayer", items_service::app),
+                ("without the guard (again)", items_service::unguarded_app),
             ] {
                 let name = format!("{store}, {name}");
-                rows.push(measure(DURATION, &name, delay, app, prometheus.clone()).await);
+                rows.push(measure(DURATION, &name, delay, app).await);
             }
         }
         rows

@@ -214,6 +214,41 @@ async fn the_loader_reconnects_after_redis_restarts() {
     }
 }
 
+/// The HTTP service's ids that need encoding, stored in Redis: written over
+/// HTTP, read back, and read again after a rebuild from a `SCAN` of Redis —
+/// the guard's key, the handler's id and the Redis key stay one string.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_that_need_encoding_survive_writes_and_rebuilds_on_redis() {
+    use common::http_client::HttpClient;
+    use common::items_service::{self, ENCODED_IDS, Store};
+
+    let server = RedisServer::start();
+    let store = Store::seeded_in_redis(&server.url(), 100).await.unwrap();
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let running = items_service::start(items_service::app, store, address, std::future::pending())
+        .await
+        .unwrap();
+    let mut client = HttpClient::connect(running.address).await;
+    for (encoded, _) in ENCODED_IDS {
+        assert_eq!(
+            client.post(&format!("/items/{encoded}"), "v").await.status,
+            201
+        );
+    }
+    running.guard.rebuild().await.unwrap();
+    for (encoded, decoded) in ENCODED_IDS {
+        let reply = client.get(&format!("/items/{encoded}")).await;
+        assert_eq!(
+            (reply.status.as_u16(), reply.text()),
+            (200, "v"),
+            "GET {encoded} ({decoded}) after a rebuild from Redis"
+        );
+    }
+    let reply = client.get("/items/%34%32").await;
+    assert_eq!((reply.status.as_u16(), reply.text()), (200, "item 42"));
+    running.maintenance.shutdown().await;
+}
+
 mod fleet {
     use super::*;
     use bloomguard::redis::{FleetError, FleetSync};

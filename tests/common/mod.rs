@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 pub(crate) mod alloc_meter;
+pub(crate) mod http_client;
+pub(crate) mod items_service;
 pub(crate) mod redis_server;
 
 /// `user:{u}:item:{i}` keys, numbered `first..first + count` (13–30 bytes).

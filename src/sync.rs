@@ -4,4 +4,6 @@
 #[cfg(bloomguard_loom)]
 pub(crate) use loom::sync::atomic::{AtomicU64, Ordering, fence};
 #[cfg(not(bloomguard_loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, Ordering, fence};
+pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+#[cfg(all(not(bloomguard_loom), feature = "guard"))]
+pub(crate) use std::sync::atomic::fence;

@@ -197,6 +197,7 @@ fn max_keys_per_block(k: u32, target: f64) -> f64 {
 
 /// The expected share of bits set with `keys_per_block` keys per block on
 /// average: `1 − exp(λ·((1 − 1/512)^k − 1))` over Poisson block loads.
+#[cfg(feature = "guard")]
 pub(crate) fn expected_fill(keys_per_block: f64, k: u32) -> f64 {
     let untouched_by_one_key = (1.0 - 1.0 / BLOCK_BITS as f64).powi(k as i32);
     1.0 - (keys_per_block * (untouched_by_one_key - 1.0)).exp()

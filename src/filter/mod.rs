@@ -9,6 +9,7 @@ mod math;
 use std::fmt;
 
 pub use codec::FORMAT_VERSION;
+#[cfg(feature = "guard")]
 pub(crate) use math::check_false_positive_rate;
 pub use math::{BLOCK_BITS, MAX_HASHES, MIN_FALSE_POSITIVE_RATE, Plan, plan};
 
@@ -414,6 +415,7 @@ impl AtomicBloom {
 
     /// The set-bit count at which the filter is expected to hold `items`
     /// distinct keys: a fill level to compare [`set_bits`](Self::set_bits) with.
+    #[cfg(feature = "guard")]
     pub(crate) fn set_bits_expected_at(&self, items: u64) -> u64 {
         let keys_per_block = items as f64 / self.blocks.len() as f64;
         (math::expected_fill(keys_per_block, self.k) * self.bits() as f64) as u64
@@ -524,6 +526,7 @@ impl FilterBuilder {
 
     /// The same options, sized for `expected_items` at `fp_rate`: how a
     /// guard makes each of its filters from one template.
+    #[cfg(feature = "guard")]
     pub(crate) fn sized_for(self, expected_items: u64, fp_rate: f64) -> Self {
         Self {
             sizing: Sizing::Target {
@@ -536,6 +539,7 @@ impl FilterBuilder {
 
     /// The same options with the seed fixed (drawn now if none was given),
     /// so that every filter made from them shares it; and that seed.
+    #[cfg(feature = "guard")]
     pub(crate) fn with_fixed_seed(self) -> (Self, u64) {
         let seed = self.seed.unwrap_or_else(random_seed);
         (self.seed(seed), seed)

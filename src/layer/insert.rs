@@ -8,7 +8,8 @@ use std::task::{Context, Poll, ready};
 
 use http::Request;
 use pin_project_lite::pin_project;
-use tower::{Layer, Service};
+use tower_layer::Layer;
+use tower_service::Service;
 
 use super::HttpKey;
 use crate::guard::{Guard, PendingWrite};

@@ -49,7 +49,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tower::{Layer, Service};
+use tower_layer::Layer;
+use tower_service::Service;
 
 use crate::guard::{Guard, GuardReader, Verdict};
 pub use future::ResponseFuture;

@@ -314,7 +314,7 @@ impl<K: AsRef<[u8]> + Send + 'static> Loader<K> for RedisLoader {
     }
 }
 
-impl<K: AsRef<[u8]> + Send + 'static> tower::Service<K> for RedisLoader {
+impl<K: AsRef<[u8]> + Send + 'static> tower_service::Service<K> for RedisLoader {
     type Response = Option<Vec<u8>>;
     type Error = RedisError;
     type Future = Pin<Box<dyn Future<Output = Result<Option<Vec<u8>>, RedisError>> + Send>>;

@@ -2,12 +2,14 @@
 
 use std::sync::OnceLock;
 
+use crossbeam_utils::CachePadded;
+
 use crate::sync::{AtomicU64, Ordering};
 
-/// The counters of one stripe, alone on their cache lines. 128 bytes because
-/// x86-64 prefetches cache lines in pairs, so 64-byte padding still shares traffic.
-#[repr(align(128))]
-struct Stripe<const N: usize>([AtomicU64; N]);
+/// The counters of one stripe, alone on their cache lines: `CachePadded`
+/// knows each target's line (128 bytes on x86-64, which prefetches lines in
+/// pairs, and on aarch64).
+type Stripe<const N: usize> = CachePadded<[AtomicU64; N]>;
 
 /// `N` counters split into per-thread stripes, summed on read.
 ///
@@ -25,7 +27,7 @@ pub(crate) type StripedCounter = StripedCounters<1>;
 impl<const N: usize> StripedCounters<N> {
     pub(crate) fn new() -> Self {
         let stripes = (0..stripe_count())
-            .map(|_| Stripe(std::array::from_fn(|_| AtomicU64::new(0))))
+            .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))))
             .collect();
         Self { stripes }
     }
@@ -46,7 +48,7 @@ impl<const N: usize> StripedCounters<N> {
     /// undo an addition in the stripe they made it in.
     #[inline]
     pub(crate) fn add_in_stripe(&self, stripe: usize, counter: usize, n: u64, order: Ordering) {
-        self.stripes[stripe].0[counter].fetch_add(n, order);
+        self.stripes[stripe][counter].fetch_add(n, order);
     }
 
     pub(crate) fn sum(&self, counter: usize) -> u64 {
@@ -56,7 +58,7 @@ impl<const N: usize> StripedCounters<N> {
     pub(crate) fn sum_with(&self, counter: usize, order: Ordering) -> u64 {
         self.stripes
             .iter()
-            .map(|s| s.0[counter].load(order))
+            .map(|s| s[counter].load(order))
             .fold(0, u64::wrapping_add)
     }
 
@@ -67,7 +69,7 @@ impl<const N: usize> StripedCounters<N> {
     /// Replaces the total of `counter` with `value` (callers make sure no writer is active).
     pub(crate) fn set(&self, counter: usize, value: u64) {
         for (i, stripe) in self.stripes.iter().enumerate() {
-            stripe.0[counter].store(if i == 0 { value } else { 0 }, Ordering::Relaxed);
+            stripe[counter].store(if i == 0 { value } else { 0 }, Ordering::Relaxed);
         }
     }
 }

@@ -3,7 +3,7 @@
 
 #[cfg(bloomguard_loom)]
 pub(crate) use loom::sync::atomic::{AtomicU64, Ordering, fence};
-#[cfg(not(bloomguard_loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 #[cfg(all(not(bloomguard_loom), feature = "guard"))]
 pub(crate) use std::sync::atomic::fence;
+#[cfg(not(bloomguard_loom))]
+pub(crate) use std::sync::atomic::{AtomicU64, Ordering};

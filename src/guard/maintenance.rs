@@ -374,13 +374,51 @@ impl Backoff {
         }
     }
 
+    /// The next wait: between half and all of the current step ("equal
+    /// jitter"), so that guards failing together (a store restart under a
+    /// fleet) do not retry in lockstep; the step doubles up to `max`.
     fn next_wait(&mut self) -> Duration {
-        let wait = self.next;
+        let step = self.next;
         self.next = (self.next * 2).min(self.max);
-        wait
+        step / 2 + (step / 2).mul_f64(unit_random())
     }
 
     fn reset(&mut self) {
         self.next = self.first;
+    }
+}
+
+/// A number in [0, 1) that differs from call to call and process to process:
+/// std's randomly keyed hasher, since jitter needs no more than that.
+fn unit_random() -> f64 {
+    use std::hash::{BuildHasher, RandomState};
+    (RandomState::new().hash_one(0u8) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(all(test, not(bloomguard_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_waits_half_to_all_of_a_doubling_step() {
+        let first = Duration::from_millis(100);
+        let max = Duration::from_millis(800);
+        let mut waits = Vec::new();
+        for _ in 0..10 {
+            let mut backoff = Backoff::new((first, max));
+            for step in [100, 200, 400, 800, 800] {
+                let step = Duration::from_millis(step);
+                let wait = backoff.next_wait();
+                assert!(
+                    step / 2 <= wait && wait <= step,
+                    "{wait:?} for a step of {step:?}"
+                );
+                waits.push(wait);
+            }
+        }
+        let mut distinct = waits.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert!(distinct.len() > waits.len() / 2, "jittered: {waits:?}");
     }
 }

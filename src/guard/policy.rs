@@ -255,7 +255,9 @@ impl RebuildPolicy {
         self
     }
 
-    /// Waits between failed attempts: starts at `first`, doubles up to `max`.
+    /// Waits between failed attempts: the step starts at `first` and doubles
+    /// up to `max`; each wait is drawn between half and all of its step, so
+    /// that guards failing together do not retry together.
     #[must_use]
     pub fn retry_backoff(mut self, first: Duration, max: Duration) -> Self {
         self.retry_backoff = (first, max.max(first));

@@ -16,10 +16,10 @@
 //! Any failure — a source error, a timeout, the future dropped — removes the
 //! shadow and leaves the live filters serving.
 
-use std::future::poll_fn;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use futures_util::StreamExt;
 use std::time::{Duration, SystemTime};
 use tracing::Instrument;
 
@@ -201,7 +201,7 @@ impl Guard {
 async fn stream_into(filter: &AtomicBloom, source: &dyn KeySource) -> Result<u64, RebuildError> {
     let mut keys = source.scan();
     let mut counted = 0;
-    while let Some(batch) = poll_fn(|cx| keys.as_mut().poll_next(cx)).await {
+    while let Some(batch) = keys.next().await {
         let batch = batch.map_err(RebuildError::Source)?;
         counted += batch.len() as u64;
         filter.insert_many(&batch);

@@ -2,9 +2,9 @@
 
 use std::fmt;
 use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use futures_core::Stream;
+use futures_util::{StreamExt, stream};
 
 pub use crate::error::SourceError;
 
@@ -92,32 +92,9 @@ where
     I::IntoIter: Send + Unpin + 'static,
 {
     fn scan(&self) -> KeyStream<'_> {
-        Box::pin(IteratorStream {
-            keys: (self.list)().into_iter(),
-        })
-    }
-}
-
-/// Batches an iterator's keys. It is always ready, so a rebuild over it
-/// yields to the runtime between batches on its own (see `rebuild.rs`).
-struct IteratorStream<I> {
-    keys: I,
-}
-
-impl<I> Stream for IteratorStream<I>
-where
-    I: Iterator + Unpin,
-    I::Item: AsRef<[u8]>,
-{
-    type Item = Result<KeyBatch, SourceError>;
-
-    fn poll_next(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let batch: KeyBatch = self
-            .keys
-            .by_ref()
-            .take(ITERATOR_BATCH)
-            .map(|key| key.as_ref().to_vec())
-            .collect();
-        Poll::Ready((!batch.is_empty()).then_some(Ok(batch)))
+        // Always ready: a rebuild over it yields to the runtime between
+        // batches on its own (see `rebuild.rs`).
+        let keys = (self.list)().into_iter().map(|key| key.as_ref().to_vec());
+        Box::pin(stream::iter(keys).chunks(ITERATOR_BATCH).map(Ok))
     }
 }

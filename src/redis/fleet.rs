@@ -28,6 +28,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{Client, RedisError, Value};
 use tokio::sync::Notify;
@@ -471,12 +472,7 @@ impl FleetSync {
                 && pubsub.subscribe(&self.inner.channel).await.is_ok()
             {
                 let mut messages = pubsub.on_message();
-                while std::future::poll_fn(|cx| {
-                    futures_core::Stream::poll_next(std::pin::Pin::new(&mut messages), cx)
-                })
-                .await
-                .is_some()
-                {
+                while messages.next().await.is_some() {
                     self.inner.snapshot_due.notify_one();
                 }
             }

@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_core::Stream;
+use futures_util::{TryStreamExt, stream};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, RedisError};
 use tokio::sync::OnceCell;
@@ -127,8 +127,7 @@ impl RedisSource {
         self
     }
 
-    fn scan_page(&self, cursor: u64) -> ScanPage {
-        let connection = self.connection.clone();
+    async fn scan_page(&self, cursor: u64) -> Result<(u64, KeyBatch), RedisError> {
         let mut command = redis::cmd("SCAN");
         command
             .arg(cursor)
@@ -139,59 +138,36 @@ impl RedisSource {
         if let Some(key_type) = &self.key_type {
             command.arg("TYPE").arg(key_type);
         }
-        Box::pin(async move {
-            let mut manager = connection.get().await?;
-            command.query_async(&mut manager).await
-        })
+        let mut manager = self.connection.get().await?;
+        command.query_async(&mut manager).await
     }
-}
 
-type ScanPage = Pin<Box<dyn Future<Output = Result<(u64, KeyBatch), RedisError>> + Send>>;
-
-impl KeySource for RedisSource {
-    fn scan(&self) -> KeyStream<'_> {
-        Box::pin(ScanStream {
-            source: self,
-            page: Some(self.scan_page(0)),
-        })
-    }
-}
-
-/// One pass of `SCAN`: a page in flight until the cursor comes back to 0.
-struct ScanStream<'a> {
-    source: &'a RedisSource,
-    page: Option<ScanPage>,
-}
-
-impl Stream for ScanStream<'_> {
-    type Item = Result<KeyBatch, SourceError>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        loop {
-            let Some(page) = self.page.as_mut() else {
-                return Poll::Ready(None);
-            };
-            let (cursor, mut keys) = match page.as_mut().poll(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(error)) => {
-                    self.page = None;
-                    return Poll::Ready(Some(Err(SourceError::new(error))));
-                }
-                Poll::Ready(Ok(page)) => page,
-            };
-            self.page = (cursor != 0).then(|| self.source.scan_page(cursor));
-            if let Some(prefix) = &self.source.strip_prefix {
-                for key in &mut keys {
-                    if key.starts_with(prefix) {
-                        key.drain(..prefix.len());
-                    }
-                }
-            }
-            // SCAN may return empty pages before the end; skip them.
-            if !keys.is_empty() {
-                return Poll::Ready(Some(Ok(keys)));
+    fn strip_prefix_from(&self, keys: &mut KeyBatch) {
+        if let Some(prefix) = &self.strip_prefix {
+            for key in keys.iter_mut().filter(|key| key.starts_with(prefix)) {
+                key.drain(..prefix.len());
             }
         }
+    }
+}
+
+impl KeySource for RedisSource {
+    /// One pass of `SCAN`, a page at a time, until the cursor comes back to 0.
+    fn scan(&self) -> KeyStream<'_> {
+        let pages = stream::try_unfold(Some(0), move |cursor| async move {
+            let Some(cursor) = cursor else {
+                return Ok::<_, RedisError>(None); // past the last page
+            };
+            let (next, mut keys) = self.scan_page(cursor).await?;
+            self.strip_prefix_from(&mut keys);
+            Ok(Some((keys, (next != 0).then_some(next))))
+        });
+        // SCAN may return empty pages before the end; skip them.
+        Box::pin(
+            pages
+                .map_err(SourceError::new)
+                .try_filter(|keys| std::future::ready(!keys.is_empty())),
+        )
     }
 }
 

@@ -34,6 +34,7 @@ use redis::{Client, RedisError, Value};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument;
 
 use super::Connection;
 use crate::filter::AtomicBloom;
@@ -208,6 +209,12 @@ impl FleetSync {
     /// # Errors
     /// [`FleetError::Warming`] before the guard has a filter; Redis errors.
     pub async fn publish_snapshot(&self) -> Result<String, FleetError> {
+        self.publish_newest()
+            .instrument(self.span("publish_snapshot"))
+            .await
+    }
+
+    async fn publish_newest(&self) -> Result<String, FleetError> {
         let position = *self.lock_position();
         let encoded = {
             let live = self.inner.guard.live_filters();
@@ -263,6 +270,12 @@ impl FleetSync {
     /// parameters, is refused ([`FleetError::Decode`],
     /// [`FleetError::Incompatible`]) and the guard keeps what it has.
     pub async fn load_snapshot(&self) -> Result<bool, FleetError> {
+        self.load_latest()
+            .instrument(self.span("load_snapshot"))
+            .await
+    }
+
+    async fn load_latest(&self) -> Result<bool, FleetError> {
         // A publish that replaces the snapshot while we read it deletes the
         // chunks we are reading: read the new one then.
         for _ in 0..SNAPSHOT_READ_ATTEMPTS {
@@ -343,10 +356,20 @@ impl FleetSync {
             task: StoppableTask::spawn("fleet consumer", shutdown, |stop| async move {
                 tokio::select! {
                     () = stop.cancelled() => {}
-                    () = sync.consume() => {}
+                    () = sync.clone().consume().instrument(sync.span("consume")) => {}
                 }
             }),
         }
+    }
+
+    /// A span carrying the guard's name and the fleet's stream.
+    fn span(&self, operation: &'static str) -> tracing::Span {
+        tracing::info_span!(
+            "bloomguard.fleet",
+            operation,
+            guard = %self.inner.guard.name(),
+            stream = %self.inner.stream
+        )
     }
 
     fn lock_position(&self) -> std::sync::MutexGuard<'_, StreamId> {

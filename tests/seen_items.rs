@@ -129,6 +129,36 @@ fn the_gate_avoids_lookups_and_a_rebuild_brings_drift_back() {
     std::fs::remove_file(chart).unwrap();
 }
 
+/// A machine slower than the pace: 50,000 requests fall due in 50 ms and
+/// take seconds. The requests run past the deadline, and the report must
+/// follow them: the drift they cause and the rebuild it triggers are in the
+/// timeline. (Cut at the deadline, it missed them; on a loaded machine the
+/// small run above lagged enough to miss its rebuild now and then.)
+#[test]
+fn a_run_slower_than_its_pace_still_reports_its_rebuild() {
+    let chart = chart_path("lagging");
+    let args = small_run(&chart, &["--rate", "1000000", "--duration", "50ms"]);
+    let outcome = run(args);
+    let guarded = &outcome.guarded;
+    assert_eq!(guarded.requests, 50_000, "every request due before the deadline ran");
+    assert!(
+        guarded.elapsed > std::time::Duration::from_millis(50),
+        "the run lagged its pace: {:?}",
+        guarded.elapsed
+    );
+    assert!(
+        guarded.events.iter().any(|event| event.rebuild),
+        "the drift of the late requests triggered a rebuild, and the report shows it"
+    );
+    let last = guarded.timeline.last().expect("samples").at;
+    assert!(
+        last >= guarded.elapsed.as_secs_f64() * 0.9,
+        "the timeline follows the requests to their end: last sample at {last:.2} s of {:.2} s",
+        guarded.elapsed.as_secs_f64()
+    );
+    std::fs::remove_file(chart).unwrap();
+}
+
 #[test]
 fn rotation_forgets_no_key_the_store_still_holds() {
     let chart = chart_path("rotate");

@@ -272,6 +272,10 @@ pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error
         new_seen_per_request: args.new_seen,
         audit_every: args.audit_every,
         verify: args.verify,
+        rebuild_drift: match args.lifecycle {
+            LifecycleChoice::Rebuild => Some(args.drift),
+            LifecycleChoice::Rotate => None,
+        },
         show_progress: !args.quiet,
     };
     let guarded = replay::run(&workload, &store, Some(&guard), &pacing, args.seed).await?;

@@ -2,7 +2,7 @@
 //! without it, and records what it cost and how the guard aged meanwhile.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bloomguard::{Guard, GuardStats, GuardedLoader, Loader, Verify};
@@ -25,6 +25,10 @@ pub(crate) struct Pacing {
     pub(crate) audit_every: u64,
     /// Which "maybe" answers go on to the store.
     pub(crate) verify: Verify,
+    /// The drift at which the guard rebuilds, if drift triggers rebuilds: a
+    /// rebuild due or running when the requests end is waited for, so the
+    /// report shows it however slowly the machine ran.
+    pub(crate) rebuild_drift: Option<f64>,
     pub(crate) show_progress: bool,
 }
 
@@ -114,6 +118,8 @@ struct Run {
     started: Instant,
     deadline: Instant,
     tally: Tally,
+    /// Set once every request is answered and its writes are stored.
+    finished: AtomicBool,
 }
 
 impl Run {
@@ -151,6 +157,7 @@ pub(crate) async fn run(
         started,
         deadline: started + pacing.duration,
         tally: Tally::default(),
+        finished: AtomicBool::new(false),
     });
     let (seen, to_write) = mpsc::channel(WRITE_QUEUE);
     let writer = tokio::spawn(write_seen(Arc::clone(&run), to_write));
@@ -165,6 +172,7 @@ pub(crate) async fn run(
     }
     let elapsed = started.elapsed();
     writer.await.map_err(|error| error.to_string())??;
+    run.finished.store(true, Ordering::Release);
     let (timeline, events) = observing.await.map_err(|error| error.to_string())?;
     latencies.sort_unstable();
     let (store_keys, store_calls) = store.lookups_since(lookups_before);
@@ -355,7 +363,12 @@ async fn write_seen(run: Arc<Run>, mut seen: mpsc::Receiver<Vec<u64>>) -> Result
     Ok(())
 }
 
-/// Samples the guard and draws the progress bar until the deadline.
+/// How long a phase waits, after its requests, for a rebuild due or running.
+const REBUILD_WAIT: Duration = Duration::from_secs(30);
+
+/// Samples the guard and draws the progress bar until the requests are
+/// done (a slow machine runs past the deadline), then while a rebuild is due
+/// or running (up to [`REBUILD_WAIT`]).
 async fn observe(run: Arc<Run>) -> (Vec<Sample>, Vec<Event>) {
     let guard = run.guard();
     let pacing = &run.pacing;
@@ -378,8 +391,21 @@ async fn observe(run: Arc<Run>) -> (Vec<Sample>, Vec<Event>) {
     let (mut timeline, mut events) = (Vec::new(), Vec::new());
     let mut previous = guard.map(Guard::stats);
     let mut ticks = tokio::time::interval(every);
-    while Instant::now() < run.deadline {
+    let mut rebuild_wait_ends = None;
+    loop {
         ticks.tick().await;
+        if run.finished.load(Ordering::Acquire) {
+            let ends = *rebuild_wait_ends.get_or_insert_with(|| Instant::now() + REBUILD_WAIT);
+            let rebuild_pending = previous.as_ref().is_some_and(|stats| {
+                stats.rebuilding
+                    || pacing
+                        .rebuild_drift
+                        .is_some_and(|drift| stats.estimated_drift > drift)
+            });
+            if !rebuild_pending || Instant::now() >= ends {
+                break;
+            }
+        }
         let at = run.started.elapsed().as_secs_f64();
         let requests = run.tally.requests.load(Ordering::Relaxed);
         let mut message = format!("{:>8.0} req/s", requests as f64 / at.max(1e-9));

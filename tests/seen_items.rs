@@ -140,7 +140,10 @@ fn a_run_slower_than_its_pace_still_reports_its_rebuild() {
     let args = small_run(&chart, &["--rate", "1000000", "--duration", "50ms"]);
     let outcome = run(args);
     let guarded = &outcome.guarded;
-    assert_eq!(guarded.requests, 50_000, "every request due before the deadline ran");
+    assert_eq!(
+        guarded.requests, 50_000,
+        "every request due before the deadline ran"
+    );
     assert!(
         guarded.elapsed > std::time::Duration::from_millis(50),
         "the run lagged its pace: {:?}",

@@ -7,7 +7,7 @@
 //! platform's own alignment gets fresh zero pages from the OS instead, so
 //! [`Blocks::zeroed`] asks for that and aligns the start itself: a 1 GiB
 //! filter is then ready in microseconds and grows resident as inserts touch
-//! it (`tests/hostile_input.rs` checks the resident size).
+//! it (`tests/filter/hostile_input.rs` checks the resident size).
 
 use std::alloc::{Layout, dealloc};
 use std::fmt;

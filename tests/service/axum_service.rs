@@ -1,17 +1,15 @@
 //! The axum example, served on a loopback port and driven over real HTTP.
 
-#[path = "../examples/axum_service.rs"]
+#[path = "../../examples/axum_service.rs"]
 #[allow(unreachable_pub, dead_code)]
 mod example;
-
-mod common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::common::http_client::{HttpClient, Reply};
+use crate::common::items_service::ENCODED_IDS;
 use bloomguard::Guard;
-use common::http_client::{HttpClient, Reply};
-use common::items_service::ENCODED_IDS;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// The example's service on a loopback port, once its guard has built.

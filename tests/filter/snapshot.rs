@@ -1,20 +1,15 @@
 //! Snapshots round-trip bit for bit, and anything else is refused with a `DecodeError`.
 
-mod common;
-
 use std::path::PathBuf;
 
+use crate::common::alloc_meter::measure;
 use bloomguard::{AtomicBloom, DecodeError, FORMAT_VERSION, FilterBuilder};
-use common::alloc_meter::{AllocMeter, measure};
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 
-#[global_allocator]
-static ALLOCATOR: AllocMeter = AllocMeter;
-
 fn filled(expected: u64, p: f64, seed: u64, count: u64) -> AtomicBloom {
     let filter = AtomicBloom::with_seed(expected, p, seed).unwrap();
-    for key in common::keys(0, count) {
+    for key in crate::common::keys(0, count) {
         filter.insert(key);
     }
     filter
@@ -31,8 +26,8 @@ fn round_trip_answers_identically() {
     assert_eq!(bytes.len(), filter.encoded_len());
     let copy = AtomicBloom::from_bytes(&bytes).unwrap();
 
-    let mut probes = common::keys(0, 20_000);
-    probes.extend(common::absent_keys(0, 50_000));
+    let mut probes = crate::common::keys(0, 20_000);
+    probes.extend(crate::common::absent_keys(0, 50_000));
     assert_eq!(answers(&filter, &probes), answers(&copy, &probes));
     assert_eq!(copy.to_bytes(), bytes, "re-encoding is bit-identical");
     assert_eq!(copy.stats(), filter.stats());
@@ -374,7 +369,7 @@ fn build_golden(golden: &Golden) -> AtomicBloom {
 
 /// The absent probes each golden filter answered "maybe" for, one index per line.
 fn false_positive_indices(filter: &AtomicBloom) -> String {
-    common::absent_keys(0, GOLDEN_PROBES)
+    crate::common::absent_keys(0, GOLDEN_PROBES)
         .iter()
         .enumerate()
         .filter(|(_, key)| filter.contains(key))
@@ -390,7 +385,7 @@ fn golden_snapshots_still_read_with_identical_answers() {
         let filter = AtomicBloom::from_bytes(&bytes).unwrap();
 
         assert!(
-            common::keys(0, golden.inserted)
+            crate::common::keys(0, golden.inserted)
                 .iter()
                 .all(|key| filter.contains(key))
         );

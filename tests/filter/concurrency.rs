@@ -1,7 +1,5 @@
 //! Many threads insert and query one filter at once, without a lock.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bloomguard::AtomicBloom;
@@ -12,7 +10,7 @@ fn concurrent_writers_lose_nothing_while_readers_query() {
     const PER_WRITER: u64 = 50_000;
     let filter = AtomicBloom::with_seed(WRITERS * PER_WRITER, 0.01, 11).unwrap();
     let key_sets: Vec<Vec<String>> = (0..WRITERS)
-        .map(|w| common::keys(w * PER_WRITER, PER_WRITER))
+        .map(|w| crate::common::keys(w * PER_WRITER, PER_WRITER))
         .collect();
     let writing = AtomicBool::new(true);
 
@@ -32,7 +30,7 @@ fn concurrent_writers_lose_nothing_while_readers_query() {
             .collect();
         for _ in 0..2 {
             s.spawn(|| {
-                let probes = common::absent_keys(0, 10_000);
+                let probes = crate::common::absent_keys(0, 10_000);
                 let mut rounds = 0;
                 while writing.load(Ordering::Relaxed) || rounds == 0 {
                     let mut found = vec![false; probes.len()];
@@ -61,7 +59,7 @@ fn concurrent_writers_lose_nothing_while_readers_query() {
 #[test]
 fn overlapping_writers_count_each_bit_once() {
     let filter = AtomicBloom::with_seed(100_000, 0.01, 12).unwrap();
-    let keys = common::keys(0, 100_000);
+    let keys = crate::common::keys(0, 100_000);
     std::thread::scope(|s| {
         for _ in 0..4 {
             s.spawn(|| keys.iter().for_each(|key| _ = filter.insert(key)));

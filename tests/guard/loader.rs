@@ -1,14 +1,12 @@
 //! `GuardedLoader`: the guard's answers, coalescing of concurrent loads
 //! (completion, errors, cancellation), and the cache of confirmed false positives.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::common::wait_until;
 use bloomguard::{Guard, GuardedLoader, RebuildPolicy};
-use common::wait_until;
 use tokio::sync::Semaphore;
 
 type GateLoad = std::pin::Pin<Box<dyn Future<Output = Result<Option<usize>, String>> + Send>>;

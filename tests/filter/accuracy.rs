@@ -1,9 +1,7 @@
 //! The filter's measured false-positive rate meets the target it was sized for.
 
-mod common;
-
+use crate::common::{absent_keys, keys, three_sigma_limit};
 use bloomguard::{AtomicBloom, plan};
-use common::{absent_keys, keys, three_sigma_limit};
 
 const N: u64 = 1_000_000;
 

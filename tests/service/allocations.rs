@@ -1,8 +1,6 @@
 //! The `Absent` path of `GuardService` allocates nothing: a counting global
 //! allocator watches the calls.
 
-mod common;
-
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::pin;
@@ -13,10 +11,7 @@ use bloomguard::{Guard, GuardLayer};
 use http::{Request, Response, StatusCode, Uri};
 use tower::{Layer, Service, service_fn};
 
-use common::alloc_meter::{AllocMeter, measure};
-
-#[global_allocator]
-static ALLOCATOR: AllocMeter = AllocMeter;
+use crate::common::alloc_meter::measure;
 
 fn allocations_in(body: impl FnOnce()) -> usize {
     measure(body).1.allocations

@@ -1,7 +1,5 @@
 //! The one rule: a key that was inserted is always reported present.
 
-mod common;
-
 use bloomguard::{AtomicBloom, FilterBuilder, FilterParameter};
 use proptest::prelude::*;
 
@@ -82,8 +80,8 @@ fn insert_reports_whether_bits_were_new() {
 fn union_holds_both_sides_and_refuses_strangers() {
     let left = AtomicBloom::with_seed(10_000, 0.01, 5).unwrap();
     let right = AtomicBloom::with_seed(10_000, 0.01, 5).unwrap();
-    let left_keys = common::keys(0, 3_000);
-    let right_keys = common::keys(3_000, 3_000);
+    let left_keys = crate::common::keys(0, 3_000);
+    let right_keys = crate::common::keys(3_000, 3_000);
     left_keys.iter().for_each(|k| _ = left.insert(k));
     right_keys.iter().for_each(|k| _ = right.insert(k));
     left.union(&right).unwrap();
@@ -123,7 +121,7 @@ fn union_holds_both_sides_and_refuses_strangers() {
 #[test]
 fn clear_empties_the_filter() {
     let filter = AtomicBloom::with_seed(1_000, 0.01, 8).unwrap();
-    let keys = common::keys(0, 500);
+    let keys = crate::common::keys(0, 500);
     keys.iter().for_each(|k| _ = filter.insert(k));
     filter.clear();
     assert_eq!(filter.stats().set_bits, 0);

@@ -1,7 +1,5 @@
 //! The `metrics` feature: every statistic reaches the recorder, labelled with the guard.
 
-#![cfg(feature = "metrics")]
-
 use std::collections::HashMap;
 
 use bloomguard::metrics::{

@@ -1,8 +1,6 @@
 //! The guard's lifecycle: rebuild, rotation, growth, warming, drift, staleness,
 //! cancellation — each judged first by the one rule (no false negatives).
 
-mod common;
-
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
@@ -11,12 +9,12 @@ use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::common::{absent_keys, keys, three_sigma_limit, wait_until};
 use bloomguard::source::{self, KeyBatch, KeySource, KeyStream, SourceError};
 use bloomguard::{
     AtomicBloom, ConfigError, Guard, Lifecycle, RebuildError, RebuildOutcome, RebuildPolicy,
     Verdict,
 };
-use common::{absent_keys, keys, three_sigma_limit, wait_until};
 use futures_core::Stream;
 
 /// An in-memory store, shared by writers and the key source.

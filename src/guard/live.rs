@@ -354,3 +354,52 @@ pub(crate) struct Shadow {
     /// this one: committing it would lose that filter's keys.
     pub(crate) missed_a_merge: AtomicBool,
 }
+
+/// The locking rule at work: changes racing from many threads each see the
+/// one before (none is lost). arc-swap's internals are not loom-aware, so
+/// this runs on real threads; the insert/rebuild handshake has its loom
+/// models in `writes.rs`.
+#[cfg(all(test, not(bloomguard_loom)))]
+mod tests {
+    use super::*;
+    use crate::filter::FilterBuilder;
+
+    fn generation() -> Generation {
+        let filter = FilterBuilder::for_items(1_000, 0.01)
+            .seed(7)
+            .build()
+            .unwrap();
+        Generation::new(filter, 1_000, 0.01)
+    }
+
+    #[test]
+    fn racing_changes_are_serialised_and_none_is_lost() {
+        let state = LiveState::new(LiveSet::warming().serving(vec![Arc::new(generation())]));
+        let first = state.load().number;
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for _ in 0..100 {
+                        state.rotate(3, generation);
+                    }
+                });
+            }
+            scope.spawn(|| {
+                for _ in 0..100 {
+                    let merged = FilterBuilder::for_items(1_000, 0.01)
+                        .seed(7)
+                        .build()
+                        .unwrap();
+                    merged.insert("merged");
+                    state
+                        .merge(merged, 7, |_| unreachable!("never empty"))
+                        .unwrap();
+                }
+            });
+        });
+        let set = state.load();
+        assert_eq!(set.number, first + 400, "every rotation saw the one before");
+        assert_eq!(set.generations.len(), 3);
+        assert!(!set.warming);
+    }
+}

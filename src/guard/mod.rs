@@ -346,10 +346,11 @@ impl Guard {
     /// call, or be covered by a [`PendingWrite`] ([`begin_write`](Self::begin_write)).
     #[inline]
     pub fn insert(&self, key: impl AsRef<[u8]>) {
+        let hash = hash_key(key.as_ref(), self.inner.seed);
         let writes = self.inner.live.writes();
         let stripe = writes.enter();
         let live = self.inner.live.load();
-        self.insert_into(&live, key.as_ref());
+        self.insert_into(&live, hash);
         drop(live);
         writes.exit(stripe);
     }
@@ -358,11 +359,11 @@ impl Guard {
     /// returned [`PendingWrite`] makes a rebuild wait for the write before it
     /// reads the source. Drop it once the write is visible in the store.
     pub fn begin_write(&self, key: impl AsRef<[u8]>) -> PendingWrite {
-        let key = key.as_ref();
+        let hash = hash_key(key.as_ref(), self.inner.seed);
         let writes = self.inner.live.writes();
         let stripe = writes.enter();
         let live = self.inner.live.load();
-        self.insert_into(&live, key);
+        self.insert_into(&live, hash);
         let held = match &live.shadow {
             Some(shadow) => {
                 // The key is in the filter being built: that build does not
@@ -376,7 +377,7 @@ impl Guard {
         PendingWrite {
             guard: self.clone(),
             held,
-            hash: hash_key(key, self.inner.seed),
+            hash,
         }
     }
 
@@ -405,8 +406,7 @@ impl Guard {
     }
 
     #[inline]
-    fn insert_into(&self, live: &LiveSet, key: &[u8]) {
-        let hash = hash_key(key, self.inner.seed);
+    fn insert_into(&self, live: &LiveSet, hash: u64) {
         if let Some(newest) = live.newest() {
             if !newest.filter.insert_hashed(hash) {
                 // Rare for distinct keys (about the FPR): a high share means

@@ -11,6 +11,10 @@ use super::writes::WriteTracker;
 use crate::error::{FilterParameter, IncompatibleFilters};
 use crate::filter::AtomicBloom;
 
+/// A loaded live set, held for one check or insert (arc-swap's `Guard`,
+/// named so that it is not confused with this crate's).
+pub(crate) type LoadedSet = arc_swap::Guard<Arc<LiveSet>>;
+
 /// The live set, and the only ways to change it.
 ///
 /// Readers load the set without a lock. Every change is a method here that
@@ -48,7 +52,7 @@ impl LiveState {
 
     /// The set now, for one check or insert.
     #[inline]
-    pub(crate) fn load(&self) -> arc_swap::Guard<Arc<LiveSet>> {
+    pub(crate) fn load(&self) -> LoadedSet {
         self.set.load()
     }
 

@@ -220,7 +220,7 @@ async fn the_loader_reconnects_after_redis_restarts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ids_that_need_encoding_survive_writes_and_rebuilds_on_redis() {
     use common::http_client::HttpClient;
-    use common::items_service::{self, ENCODED_IDS, Store};
+    use common::items_service::{self, Store};
 
     let server = RedisServer::start();
     let store = Store::seeded_in_redis(&server.url(), 100).await.unwrap();
@@ -229,23 +229,7 @@ async fn ids_that_need_encoding_survive_writes_and_rebuilds_on_redis() {
         .await
         .unwrap();
     let mut client = HttpClient::connect(running.address).await;
-    for (encoded, _) in ENCODED_IDS {
-        assert_eq!(
-            client.post(&format!("/items/{encoded}"), "v").await.status,
-            201
-        );
-    }
-    running.guard.rebuild().await.unwrap();
-    for (encoded, decoded) in ENCODED_IDS {
-        let reply = client.get(&format!("/items/{encoded}")).await;
-        assert_eq!(
-            (reply.status.as_u16(), reply.text()),
-            (200, "v"),
-            "GET {encoded} ({decoded}) after a rebuild from Redis"
-        );
-    }
-    let reply = client.get("/items/%34%32").await;
-    assert_eq!((reply.status.as_u16(), reply.text()), (200, "item 42"));
+    items_service::assert_encoded_ids_round_trip(&mut client, &running.guard).await;
     running.maintenance.shutdown().await;
 }
 

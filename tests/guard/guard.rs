@@ -838,23 +838,31 @@ async fn readers_and_batches_answer_as_check_does_across_swaps() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_builds_are_retried_with_backoff_until_one_succeeds() {
-    let initial = keys(0, 5_000);
-    let store = store_with(&initial);
-    let source = Arc::new(ScriptedSource::new(source_of(&store)));
+/// A guard (seed 7) over `store` whose source fails at once until the test
+/// sets its `fail_after_batches` to `NEVER`; the maintenance task, once
+/// spawned, retries with a backoff of `(first, max)` milliseconds.
+fn guard_failing_to_build(store: &Store, (first, max): (u64, u64)) -> (Guard, Arc<ScriptedSource>) {
+    let source = Arc::new(ScriptedSource::new(source_of(store)));
     source.fail_after_batches.store(0, Ordering::SeqCst);
     let guard = Guard::builder()
         .expected_items(10_000)
+        .seed(7)
         .source(Arc::clone(&source))
         .rebuild_policy(
             RebuildPolicy::default()
                 .write_settle(Duration::ZERO)
-                .retry_backoff(Duration::from_millis(20), Duration::from_millis(80)),
+                .retry_backoff(Duration::from_millis(first), Duration::from_millis(max)),
         )
         .maintenance_interval(Duration::from_millis(5))
         .build()
         .unwrap();
+    (guard, source)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_builds_are_retried_with_backoff_until_one_succeeds() {
+    let initial = keys(0, 5_000);
+    let (guard, source) = guard_failing_to_build(&store_with(&initial), (20, 80));
     let maintenance = guard.spawn_maintenance();
     wait_until("three failed first builds", || {
         guard.stats().rebuilds.failed >= 3
@@ -869,7 +877,8 @@ async fn failed_builds_are_retried_with_backoff_until_one_succeeds() {
     assert_all_present(&guard, &initial, "after the retried build");
     let stats = guard.stats();
     assert_eq!(stats.rebuilds.succeeded, 1);
-    // Backoff doubles 20 → 40 → 80 ms: far fewer attempts than 5 ms ticks.
+    // Backoff steps double 20 → 40 → 80 ms (each wait half to all of its
+    // step): far fewer attempts than 5 ms ticks.
     assert!(stats.rebuilds.failed < 40, "{:?}", stats.rebuilds);
 }
 
@@ -925,21 +934,7 @@ async fn a_merge_into_a_warming_guard_keeps_it_warming_until_its_first_build() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_merge_after_a_failed_first_build_keeps_the_guard_warming_and_retrying() {
     let stored = keys(0, 2_000);
-    let store = store_with(&stored);
-    let source = Arc::new(ScriptedSource::new(source_of(&store)));
-    source.fail_after_batches.store(0, Ordering::SeqCst);
-    let guard = Guard::builder()
-        .expected_items(10_000)
-        .seed(7)
-        .source(Arc::clone(&source))
-        .rebuild_policy(
-            RebuildPolicy::default()
-                .write_settle(Duration::ZERO)
-                .retry_backoff(Duration::from_millis(10), Duration::from_millis(20)),
-        )
-        .maintenance_interval(Duration::from_millis(5))
-        .build()
-        .unwrap();
+    let (guard, source) = guard_failing_to_build(&store_with(&stored), (10, 20));
     let maintenance = guard.spawn_maintenance();
     wait_until("a failed first build", || {
         guard.stats().rebuilds.failed >= 1

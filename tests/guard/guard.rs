@@ -12,8 +12,8 @@ use std::time::Duration;
 use crate::common::{absent_keys, keys, three_sigma_limit, wait_until};
 use bloomguard::source::{self, KeyBatch, KeySource, KeyStream, SourceError};
 use bloomguard::{
-    AtomicBloom, ConfigError, Guard, Lifecycle, RebuildError, RebuildOutcome, RebuildPolicy,
-    Verdict,
+    AtomicBloom, ConfigError, Guard, GuardBuilder, Lifecycle, RebuildError, RebuildOutcome,
+    RebuildPolicy, Verdict,
 };
 use futures_core::Stream;
 
@@ -40,6 +40,16 @@ fn manual_guard(expected_items: u64, source: impl KeySource) -> Guard {
         .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
         .build()
         .unwrap()
+}
+
+/// A guard over `store` rebuilding by `policy` (with no write settle),
+/// whose maintenance task looks every 20 ms.
+fn maintained(expected_items: u64, store: &Store, policy: RebuildPolicy) -> GuardBuilder {
+    Guard::builder()
+        .expected_items(expected_items)
+        .source(source_of(store))
+        .rebuild_policy(policy.write_settle(Duration::ZERO))
+        .maintenance_interval(Duration::from_millis(20))
 }
 
 /// A source that yields `inner`'s batches with a pause before each, and can
@@ -551,18 +561,10 @@ fn an_overfilled_guard_without_growth_reports_drift() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drift_triggers_a_rebuild_that_restores_the_target() {
     let store = store_with(&[]);
-    let guard = Guard::builder()
-        .expected_items(10_000)
-        .source(source_of(&store))
-        .rebuild_policy(
-            RebuildPolicy::default()
-                .when_drift_exceeds(2.0)
-                .write_settle(Duration::ZERO)
-                .retry_backoff(Duration::from_millis(10), Duration::from_millis(100)),
-        )
-        .maintenance_interval(Duration::from_millis(20))
-        .build()
-        .unwrap();
+    let policy = RebuildPolicy::default()
+        .when_drift_exceeds(2.0)
+        .retry_backoff(Duration::from_millis(10), Duration::from_millis(100));
+    let guard = maintained(10_000, &store, policy).build().unwrap();
     guard.rebuild().await.unwrap();
     let overfill = keys(0, 50_000);
     for key in &overfill {
@@ -586,17 +588,8 @@ async fn drift_triggers_a_rebuild_that_restores_the_target() {
 async fn removals_past_the_threshold_trigger_a_rebuild() {
     let initial = keys(0, 1_000);
     let store = store_with(&initial);
-    let guard = Guard::builder()
-        .expected_items(1_000)
-        .source(source_of(&store))
-        .rebuild_policy(
-            RebuildPolicy::default()
-                .when_removed_exceeds(0.1)
-                .write_settle(Duration::ZERO),
-        )
-        .maintenance_interval(Duration::from_millis(20))
-        .build()
-        .unwrap();
+    let policy = RebuildPolicy::default().when_removed_exceeds(0.1);
+    let guard = maintained(1_000, &store, policy).build().unwrap();
     guard.rebuild().await.unwrap();
     let maintenance = guard.spawn_maintenance();
     for key in &initial[..150] {
@@ -625,15 +618,11 @@ async fn removals_past_the_threshold_trigger_a_rebuild() {
 async fn the_staleness_check_catches_writes_that_bypassed_the_guard() {
     let store = store_with(&keys(0, 1_000));
     let verified = Arc::clone(&store);
-    let guard = Guard::builder()
-        .expected_items(10_000)
-        .source(source_of(&store))
-        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
+    let guard = maintained(10_000, &store, RebuildPolicy::default())
         .staleness_check(1.0, move |key| {
             let found = verified.read().unwrap().contains(&key);
             async move { Ok(found) }
         })
-        .maintenance_interval(Duration::from_millis(20))
         .build()
         .unwrap();
     let maintenance = guard.spawn_maintenance();
@@ -1022,17 +1011,8 @@ fn a_saturated_filter_reads_finite_monotone_estimates() {
 async fn a_saturated_guard_reports_its_drift_and_rebuilds() {
     let initial = keys(0, 1_000);
     let store = store_with(&initial);
-    let guard = Guard::builder()
-        .expected_items(1_000)
-        .source(source_of(&store))
-        .rebuild_policy(
-            RebuildPolicy::default()
-                .when_drift_exceeds(2.0)
-                .write_settle(Duration::ZERO),
-        )
-        .maintenance_interval(Duration::from_millis(20))
-        .build()
-        .unwrap();
+    let policy = RebuildPolicy::default().when_drift_exceeds(2.0);
+    let guard = maintained(1_000, &store, policy).build().unwrap();
     guard.rebuild().await.unwrap();
     let overfill = keys(1_000, 100_000);
     for key in &overfill {

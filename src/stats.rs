@@ -17,6 +17,9 @@ type Stripe<const N: usize> = CachePadded<[AtomicU64; N]>;
 /// serialise on one cache line, and the `N` counters of a stripe share its
 /// lines, so bumping several of them costs one line. `sum` is exact once
 /// writers are quiet and a consistent-enough snapshot while they are not.
+/// Kept by hand: the `metrics` facade records through a global recorder
+/// (often one atomic per series), which would put a shared line back on
+/// every check.
 pub(crate) struct StripedCounters<const N: usize> {
     stripes: Box<[Stripe<N>]>,
 }

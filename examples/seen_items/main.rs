@@ -76,7 +76,7 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 18_000)]
     pub(crate) rate: u64,
     /// How long each replay runs: 10s, 500ms, 1m.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub(crate) duration: Duration,
     /// Requests in flight at once.
     #[arg(long, default_value_t = 64)]
@@ -96,7 +96,7 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 1.15)]
     pub(crate) headroom: f64,
     /// With `--lifecycle rotate`: how long a seen item counts as seen.
-    #[arg(long, default_value = "4s", value_parser = parse_duration)]
+    #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
     pub(crate) window: Duration,
     /// Skip the replay without the guard.
     #[arg(long)]
@@ -141,24 +141,6 @@ const COLD_START_ITEMS: u64 = 10_000;
 
 /// Requests per second assumed for sizing when `--rate 0` leaves it open.
 const UNPACED_RATE_GUESS: u64 = 40_000;
-
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| c.is_ascii_alphabetic())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration such as 10s, 500ms or 2m"))?;
-    let seconds = match unit {
-        "ms" => value / 1e3,
-        "s" | "" => value,
-        "m" => value * 60.0,
-        _ => return Err(format!("`{unit}` is not a unit: use ms, s or m")),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|error| error.to_string())
-}
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();

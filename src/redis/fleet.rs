@@ -51,6 +51,24 @@ const SNAPSHOT_READ_ATTEMPTS: u32 = 3;
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(200);
 
 /// One instance's link to its fleet. Cheap to clone. See the [module docs](crate::redis::fleet).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use bloomguard::Guard;
+/// use bloomguard::redis::fleet::FleetSync;
+///
+/// // Every instance: the same size, rate and seed.
+/// let guard = Guard::builder().name("items").expected_items(1_000_000).seed(0x5eed).build()?;
+/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+/// let fleet = FleetSync::new(guard.clone(), client, "items");
+/// fleet.load_snapshot().await?; // what the fleet knows so far, if published
+/// let consumer = fleet.spawn(); // applies the other instances' inserts
+/// fleet.insert("item:42").await?; // here and, through Redis, everywhere
+/// fleet.publish_snapshot().await?; // now and then, from one instance
+/// consumer.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct FleetSync {
     inner: Arc<Inner>,

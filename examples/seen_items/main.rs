@@ -212,7 +212,7 @@ pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error
             seed: args.seed,
         },
         expires_after,
-    ));
+    )?);
     let history_before = workload.truth.len();
     println!(
         "history: {history_before} seen (user, item) pairs of {} users and {} items, drawn in {:.1?}",

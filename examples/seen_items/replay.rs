@@ -10,6 +10,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::mpsc;
 
 use super::store::SeenStore;
+use rand::SeedableRng;
+
 use super::workload::{Rng, Workload, seen_key, write_seen_key};
 
 /// How a phase runs, from the command line.
@@ -221,7 +223,7 @@ async fn worker(
     seen: mpsc::Sender<Vec<u64>>,
 ) -> Result<Vec<u64>, String> {
     let pacing = &run.pacing;
-    let mut rng = Rng::new(seed ^ (id as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d));
+    let mut rng = Rng::seed_from_u64(seed ^ (id as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d));
     let mut pairs = Vec::with_capacity(run.workload.shape.candidates);
     let mut keys: Vec<String> = Vec::new();
     let mut latencies = Vec::new();

@@ -7,56 +7,29 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// SplitMix64: seeded, so every run replays the same history and requests.
-#[derive(Debug, Clone)]
-pub(crate) struct Rng(u64);
+use rand::{Rng as _, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Zipf};
 
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
-        Self(seed)
-    }
+/// The workload's random source, seeded so that every run replays the same
+/// history and requests; ChaCha8 because its stream is specified, so the
+/// same seed draws the same workload on every platform.
+pub(crate) type Rng = ChaCha8Rng;
 
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    pub(crate) fn below(&mut self, bound: u64) -> u64 {
-        ((u128::from(self.next_u64()) * u128::from(bound)) >> 64) as u64
-    }
-
-    /// Uniform in [0, 1).
-    pub(crate) fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-/// Zipf(s) over ranks 0..n: rank r is drawn with weight 1/(r+1)^s. Drawn by
-/// binary search in the cumulative weights, so it is exact but costs ~20
-/// steps; the request path draws from a pre-drawn pool instead.
+/// Ranks 0..n, rank r drawn with weight 1/(r+1)^s (rand_distr's Zipf, which
+/// draws from 1..=n in constant time, without a table).
 #[derive(Debug)]
-pub(crate) struct Zipf {
-    cumulative: Vec<f64>,
-}
+struct Ranks(Zipf<f64>);
 
-impl Zipf {
-    pub(crate) fn new(n: u64, exponent: f64) -> Self {
-        let mut total = 0.0;
-        let cumulative = (1..=n)
-            .map(|rank| {
-                total += (rank as f64).powf(-exponent);
-                total
-            })
-            .collect();
-        Self { cumulative }
+impl Ranks {
+    fn new(what: &str, n: u64, exponent: f64) -> Result<Self, String> {
+        Zipf::new(n as f64, exponent)
+            .map(Self)
+            .map_err(|error| format!("{what}: Zipf over {n} with exponent {exponent}: {error}"))
     }
 
-    pub(crate) fn sample(&self, rng: &mut Rng) -> u64 {
-        let target = rng.unit() * self.cumulative.last().copied().unwrap_or(0.0);
-        self.cumulative.partition_point(|&c| c <= target) as u64
+    fn sample(&self, rng: &mut Rng) -> u64 {
+        self.0.sample(rng) as u64 - 1
     }
 }
 
@@ -197,10 +170,13 @@ const POOL: usize = 1 << 16;
 impl Workload {
     /// Draws the seen history: `shape.history` distinct pairs, users by
     /// activity, items by popularity.
-    pub(crate) fn generate(shape: Shape, expires_after: Option<Duration>) -> Self {
-        let mut rng = Rng::new(shape.seed);
-        let users = Zipf::new(shape.users, shape.user_skew);
-        let items = Zipf::new(shape.items, shape.item_skew);
+    ///
+    /// # Errors
+    /// A skew or a count that no Zipf distribution has.
+    pub(crate) fn generate(shape: Shape, expires_after: Option<Duration>) -> Result<Self, String> {
+        let mut rng = Rng::seed_from_u64(shape.seed);
+        let users = Ranks::new("--users/--user-skew", shape.users, shape.user_skew)?;
+        let items = Ranks::new("--items/--item-skew", shape.items, shape.item_skew)?;
         let active_users = (0..POOL).map(|_| users.sample(&mut rng) as u32).collect();
         let popular_items = (0..POOL).map(|_| items.sample(&mut rng) as u32).collect();
         let truth = Truth {
@@ -218,24 +194,24 @@ impl Workload {
             let (user, item) = (users.sample(&mut rng), items.sample(&mut rng));
             truth.record(pair(user, item), now);
         }
-        Self {
+        Ok(Self {
             shape,
             active_users,
             popular_items,
             truth,
-        }
+        })
     }
 
     /// One feed request: its user, and its candidates as pairs. A share
     /// `1 - negative_ratio` of them are drawn from what the user has seen.
     pub(crate) fn request(&self, rng: &mut Rng, candidates: &mut Vec<u64>) {
-        let user = u64::from(self.active_users[rng.below(POOL as u64) as usize]);
+        let user = u64::from(self.active_users[rng.random_range(0..POOL)]);
         candidates.clear();
         let seen = self.truth.seen.lock().unwrap();
         let history = &seen.by_user[user as usize];
         for _ in 0..self.shape.candidates {
-            let item = if !history.is_empty() && rng.unit() >= self.shape.negative_ratio {
-                history[rng.below(history.len() as u64) as usize]
+            let item = if !history.is_empty() && rng.random::<f64>() >= self.shape.negative_ratio {
+                history[rng.random_range(0..history.len())]
             } else {
                 self.unseen_item(rng, user, &seen)
             };
@@ -248,7 +224,7 @@ impl Workload {
     fn unseen_item(&self, rng: &mut Rng, user: u64, seen: &Seen) -> u32 {
         let mut item = 0;
         for _ in 0..REDRAWS {
-            item = self.popular_items[rng.below(POOL as u64) as usize];
+            item = self.popular_items[rng.random_range(0..POOL)];
             if !seen.written_at.contains_key(&pair(user, u64::from(item))) {
                 break;
             }

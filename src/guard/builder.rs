@@ -208,6 +208,7 @@ impl GuardBuilder {
                 staleness,
                 verifier: Mutex::new(verifier),
                 insert_clock: OnceLock::new(),
+                untimed_writes: AtomicUsize::new(0),
             }),
         };
         Ok(guard)

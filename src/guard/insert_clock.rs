@@ -9,8 +9,12 @@
 //! key's stripe has had no insert since "asked minus the write settle". A
 //! collision with another key's insert costs one more backend call, never a
 //! wrong answer.
+//!
+//! A write held open by a `PendingWrite` may land in the store any time
+//! before the drop, long after its insert's stamp: while one is open, its
+//! stripe counts as "inserted now".
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use tokio::time::Instant;
 
@@ -23,6 +27,8 @@ pub(crate) struct InsertClock {
     /// Nanoseconds after `base` of the latest insert into each stripe, plus
     /// one (0: none yet).
     last_insert: Box<[AtomicU64]>,
+    /// `PendingWrite`s open in each stripe.
+    pending: Box<[AtomicU32]>,
 }
 
 impl InsertClock {
@@ -30,6 +36,7 @@ impl InsertClock {
         Self {
             base: Instant::now(),
             last_insert: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            pending: (0..STRIPES).map(|_| AtomicU32::new(0)).collect(),
         }
     }
 
@@ -41,15 +48,31 @@ impl InsertClock {
         self.stripe(hash).fetch_max(now, Ordering::SeqCst);
     }
 
-    /// Whether a key hashing to `hash` may have been inserted at or after `since`.
+    /// Opens a pending write of the key hashing to `hash` (stamped too).
+    pub(crate) fn open_pending(&self, hash: u64) {
+        self.pending[stripe_of(hash)].fetch_add(1, Ordering::SeqCst);
+        self.stamp(hash);
+    }
+
+    /// Closes a pending write opened by [`open_pending`](Self::open_pending):
+    /// its write has landed, now.
+    pub(crate) fn close_pending(&self, hash: u64) {
+        self.stamp(hash);
+        self.pending[stripe_of(hash)].fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Whether a key hashing to `hash` may have been inserted at or after
+    /// `since`, or has a write pending now.
+    /// Inserts from before the clock started were not stamped: it answers
+    /// "maybe" for any `since` up to its start.
     pub(crate) fn inserted_since(&self, hash: u64, since: Instant) -> bool {
-        self.stripe(hash).load(Ordering::SeqCst) >= self.ticks(since)
+        since <= self.base
+            || self.pending[stripe_of(hash)].load(Ordering::SeqCst) > 0
+            || self.stripe(hash).load(Ordering::SeqCst) >= self.ticks(since)
     }
 
     fn stripe(&self, hash: u64) -> &AtomicU64 {
-        // The top bits: the filter's block index uses the high bits too, but
-        // only a product with the block count, so these stay well spread.
-        &self.last_insert[(hash >> (64 - STRIPES.trailing_zeros())) as usize]
+        &self.last_insert[stripe_of(hash)]
     }
 
     /// `at` as a stamp: nanoseconds after `base`, plus one (earlier: 1).
@@ -57,6 +80,12 @@ impl InsertClock {
         let nanos = at.saturating_duration_since(self.base).as_nanos();
         u64::try_from(nanos).unwrap_or(u64::MAX - 1) + 1
     }
+}
+
+/// The top bits: the filter's block index uses the high bits too, but only
+/// as a product with the block count, so these stay well spread.
+fn stripe_of(hash: u64) -> usize {
+    (hash >> (64 - STRIPES.trailing_zeros())) as usize
 }
 
 impl std::fmt::Debug for InsertClock {

@@ -44,7 +44,7 @@ mod writes;
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -150,6 +150,8 @@ struct Inner {
     /// When keys were last inserted, kept once a loader caches confirmed
     /// false positives (see `crate::loader`).
     insert_clock: OnceLock<InsertClock>,
+    /// `PendingWrite`s open since before the insert clock started.
+    untimed_writes: AtomicUsize,
     /// The verifying half of the staleness check, taken by the maintenance task.
     verifier: Mutex<Option<Verifier>>,
 }
@@ -378,6 +380,7 @@ impl Guard {
             guard: self.clone(),
             held,
             hash,
+            timed: self.open_pending_write(hash),
         }
     }
 
@@ -478,9 +481,35 @@ impl Guard {
 
     /// Stamps an insert of the key hashing to `hash` when inserts are timed.
     #[inline]
-    pub(crate) fn stamp_insert(&self, hash: u64) {
+    fn stamp_insert(&self, hash: u64) {
         if let Some(clock) = self.inner.insert_clock.get() {
             clock.stamp(hash);
+        }
+    }
+
+    /// Opens a pending write in the insert clock, when inserts are timed;
+    /// `true` if it did (the `PendingWrite` must close it).
+    /// Otherwise it counts the write among those the clock cannot place.
+    fn open_pending_write(&self, hash: u64) -> bool {
+        match self.inner.insert_clock.get() {
+            Some(clock) => {
+                clock.open_pending(hash);
+                true
+            }
+            None => {
+                self.inner.untimed_writes.fetch_add(1, Ordering::SeqCst);
+                false
+            }
+        }
+    }
+
+    /// Closes what [`open_pending_write`](Self::open_pending_write) opened.
+    pub(crate) fn close_pending_write(&self, hash: u64, timed: bool) {
+        match self.inner.insert_clock.get() {
+            Some(clock) if timed => clock.close_pending(hash),
+            _ => {
+                self.inner.untimed_writes.fetch_sub(1, Ordering::SeqCst);
+            }
         }
     }
 
@@ -496,6 +525,10 @@ impl Guard {
         let Some(clock) = self.inner.insert_clock.get() else {
             return true;
         };
+        // A write begun before the clock started may land any time.
+        if self.inner.untimed_writes.load(Ordering::SeqCst) > 0 {
+            return true;
+        }
         let settle = self.inner.rebuild_policy.write_settle;
         let since = asked_at.checked_sub(settle).unwrap_or(self.inner.built_at);
         clock.inserted_since(hash_key(key, self.inner.seed), since)

@@ -87,9 +87,12 @@ impl std::fmt::Debug for WriteTracker {
 pub struct PendingWrite {
     pub(crate) guard: Guard,
     pub(crate) held: HeldIn,
-    /// The key's hash, to stamp its insert time again once the write has
-    /// landed (for a loader's confirmed-absent cache).
+    /// The key's hash, to close its pending write in the guard's insert
+    /// clock (for a loader's confirmed-absent cache) once the write has landed.
     pub(crate) hash: u64,
+    /// Whether the insert clock counted this write as pending (it had
+    /// started), or the guard as one the clock cannot place.
+    pub(crate) timed: bool,
 }
 
 /// Which count a [`PendingWrite`] holds.
@@ -103,7 +106,7 @@ pub(crate) enum HeldIn {
 
 impl Drop for PendingWrite {
     fn drop(&mut self) {
-        self.guard.stamp_insert(self.hash);
+        self.guard.close_pending_write(self.hash, self.timed);
         match &self.held {
             HeldIn::Guard(stripe) => self.guard.inner.live.writes().exit(*stripe),
             HeldIn::Shadow(writes, stripe) => writes.exit(*stripe),

@@ -232,8 +232,9 @@ where
     /// while the key has had no [`Guard::insert`] since the backend was asked
     /// minus the rebuild policy's
     /// [`write_settle`](crate::RebuildPolicy::write_settle) (the time within
-    /// which a write reaches the store after its insert). For that the guard
-    /// stamps each insert's time from now on (one atomic per insert).
+    /// which a write reaches the store after its insert), and never while a
+    /// [`PendingWrite`](crate::PendingWrite) for it is open. For that the
+    /// guard stamps each insert's time from now on (one atomic per insert).
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {

@@ -245,6 +245,56 @@ async fn a_full_confirmed_absent_cache_still_takes_a_hot_false_positive() {
     );
 }
 
+/// A write longer than the settle, covered by a `PendingWrite` as the docs
+/// ask: between the moment it lands in the store and the drop of the
+/// `PendingWrite`, no answer cached from before it may hide the key.
+#[tokio::test(start_paused = true)]
+async fn a_cached_absent_never_hides_a_write_still_pending() {
+    let settle = Duration::from_millis(100);
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .rebuild_policy(RebuildPolicy::default().write_settle(settle))
+        .build()
+        .unwrap();
+    let store = Arc::new(std::sync::Mutex::new(
+        std::collections::HashSet::<String>::new(),
+    ));
+    // One write begins before the cache exists, when nothing times inserts.
+    let early = guard.begin_write("early:1");
+    let listed = Arc::clone(&store);
+    let loader = GuardedLoader::new(guard.clone(), move |key: String| {
+        let found = listed.lock().unwrap().contains(&key);
+        async move { Ok::<_, std::io::Error>(found.then_some(())) }
+    })
+    .confirmed_absent_cache(100, Duration::from_secs(60))
+    .unwrap();
+
+    let pending = guard.begin_write("slow:1");
+    tokio::time::advance(3 * settle).await; // the write takes its time
+    assert_eq!(
+        loader.get("slow:1".into()).await.unwrap(),
+        None,
+        "not in the store yet"
+    );
+    store.lock().unwrap().insert("slow:1".into()); // it lands; the PendingWrite is still held
+    assert_eq!(
+        loader.get("slow:1".into()).await.unwrap(),
+        Some(()),
+        "the store has the key: the answer cached before it landed must not hide it"
+    );
+    drop(pending);
+    assert_eq!(loader.get("slow:1".into()).await.unwrap(), Some(()));
+
+    assert_eq!(loader.get("early:1".into()).await.unwrap(), None);
+    store.lock().unwrap().insert("early:1".into());
+    assert_eq!(
+        loader.get("early:1".into()).await.unwrap(),
+        Some(()),
+        "a write begun before the cache existed is not hidden either"
+    );
+    drop(early);
+}
+
 #[tokio::test]
 async fn a_confirmed_absent_cache_needs_room_and_a_sane_ttl() {
     let guard = Guard::builder().build().unwrap();

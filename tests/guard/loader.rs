@@ -166,14 +166,22 @@ async fn a_waiter_takes_over_when_the_first_caller_is_cancelled() {
     assert_eq!(loader.in_flight(), 0, "removed on cancellation too");
 }
 
-#[tokio::test(start_paused = true)]
-async fn confirmed_false_positives_are_cached_until_inserted_or_expired() {
-    let settle = Duration::from_millis(100);
-    let guard = Guard::builder()
+/// The write settle of the confirmed-absent cache tests.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// A guard whose writes reach the store within `settle` of their insert.
+fn guard_settling_within(settle: Duration) -> Guard {
+    Guard::builder()
         .expected_items(10_000)
         .rebuild_policy(RebuildPolicy::default().write_settle(settle))
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn confirmed_false_positives_are_cached_until_inserted_or_expired() {
+    let guard = guard_settling_within(SETTLE);
+    let settle = SETTLE;
     let gate = Gate::closed();
     gate.open.add_permits(100);
     let loader = GuardedLoader::new(guard.clone(), gate.loader())
@@ -250,12 +258,8 @@ async fn a_full_confirmed_absent_cache_still_takes_a_hot_false_positive() {
 /// `PendingWrite`, no answer cached from before it may hide the key.
 #[tokio::test(start_paused = true)]
 async fn a_cached_absent_never_hides_a_write_still_pending() {
-    let settle = Duration::from_millis(100);
-    let guard = Guard::builder()
-        .expected_items(10_000)
-        .rebuild_policy(RebuildPolicy::default().write_settle(settle))
-        .build()
-        .unwrap();
+    let guard = guard_settling_within(SETTLE);
+    let settle = SETTLE;
     let store = Arc::new(std::sync::Mutex::new(
         std::collections::HashSet::<String>::new(),
     ));

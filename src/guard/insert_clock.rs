@@ -24,8 +24,7 @@ const STRIPES: usize = 1 << 12;
 
 pub(crate) struct InsertClock {
     base: Instant,
-    /// Nanoseconds after `base` of the latest insert into each stripe, plus
-    /// one (0: none yet).
+    /// Nanoseconds after `base` of the latest insert into each stripe.
     last_insert: Box<[AtomicU64]>,
     /// `PendingWrite`s open in each stripe.
     pending: Box<[AtomicU32]>,
@@ -75,10 +74,11 @@ impl InsertClock {
         &self.last_insert[stripe_of(hash)]
     }
 
-    /// `at` as a stamp: nanoseconds after `base`, plus one (earlier: 1).
+    /// `at` as a stamp: nanoseconds after `base` (0 for earlier: answers
+    /// about those are "maybe" anyway, see `inserted_since`).
     fn ticks(&self, at: Instant) -> u64 {
         let nanos = at.saturating_duration_since(self.base).as_nanos();
-        u64::try_from(nanos).unwrap_or(u64::MAX - 1) + 1
+        u64::try_from(nanos).unwrap_or(u64::MAX)
     }
 }
 

@@ -18,12 +18,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::time::{Duration, SystemTime};
 
 use futures_util::StreamExt;
-use std::time::{Duration, SystemTime};
-use tracing::Instrument;
-
 use tokio::time::Instant;
+use tracing::Instrument;
 
 pub use crate::error::RebuildError;
 

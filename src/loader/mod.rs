@@ -21,14 +21,13 @@
 //! ```
 //!
 //! # Concurrent calls on the same key
-//! (Kept by hand rather than moka's `try_get_with`: moka's coalescing
-//! caches the value, and a guard in front of a store must not; this keeps
-//! only the call in flight.)
 //! Loads of one key that pass the filter at the same time share one backend
 //! call: the first caller runs it, the others wait for its result (errors
 //! come to all of them as the same `Arc<E>`). If the first caller is
 //! cancelled, a waiting caller takes over and calls the backend itself; the
 //! shared entry is removed when the call completes, fails or is cancelled.
+//! (Kept by hand rather than moka's `try_get_with`, which caches the value:
+//! a guard in front of a store must not; this keeps only the call in flight.)
 
 mod confirmed;
 

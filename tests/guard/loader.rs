@@ -169,19 +169,18 @@ async fn a_waiter_takes_over_when_the_first_caller_is_cancelled() {
 /// The write settle of the confirmed-absent cache tests.
 const SETTLE: Duration = Duration::from_millis(100);
 
-/// A guard whose writes reach the store within `settle` of their insert.
-fn guard_settling_within(settle: Duration) -> Guard {
+/// A guard whose writes reach the store within [`SETTLE`] of their insert.
+fn guard_settling() -> Guard {
     Guard::builder()
         .expected_items(10_000)
-        .rebuild_policy(RebuildPolicy::default().write_settle(settle))
+        .rebuild_policy(RebuildPolicy::default().write_settle(SETTLE))
         .build()
         .unwrap()
 }
 
 #[tokio::test(start_paused = true)]
 async fn confirmed_false_positives_are_cached_until_inserted_or_expired() {
-    let guard = guard_settling_within(SETTLE);
-    let settle = SETTLE;
+    let guard = guard_settling();
     let gate = Gate::closed();
     gate.open.add_permits(100);
     let loader = GuardedLoader::new(guard.clone(), gate.loader())
@@ -189,7 +188,7 @@ async fn confirmed_false_positives_are_cached_until_inserted_or_expired() {
         .unwrap();
     // "ghost" is in the filter but not in the store: a false positive.
     guard.insert("ghost");
-    tokio::time::advance(2 * settle).await;
+    tokio::time::advance(2 * SETTLE).await;
 
     assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
     assert_eq!(gate.calls(), 1);
@@ -210,7 +209,7 @@ async fn confirmed_false_positives_are_cached_until_inserted_or_expired() {
     assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
     assert_eq!(gate.calls(), 3);
 
-    tokio::time::advance(2 * settle).await;
+    tokio::time::advance(2 * SETTLE).await;
     assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
     assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
     assert_eq!(gate.calls(), 4, "cached again once the insert has settled");
@@ -258,8 +257,7 @@ async fn a_full_confirmed_absent_cache_still_takes_a_hot_false_positive() {
 /// `PendingWrite`, no answer cached from before it may hide the key.
 #[tokio::test(start_paused = true)]
 async fn a_cached_absent_never_hides_a_write_still_pending() {
-    let guard = guard_settling_within(SETTLE);
-    let settle = SETTLE;
+    let guard = guard_settling();
     let store = Arc::new(std::sync::Mutex::new(
         std::collections::HashSet::<String>::new(),
     ));
@@ -274,7 +272,7 @@ async fn a_cached_absent_never_hides_a_write_still_pending() {
     .unwrap();
 
     let pending = guard.begin_write("slow:1");
-    tokio::time::advance(3 * settle).await; // the write takes its time
+    tokio::time::advance(3 * SETTLE).await; // the write takes its time
     assert_eq!(
         loader.get("slow:1".into()).await.unwrap(),
         None,

@@ -241,14 +241,12 @@ pub(crate) async fn start(
     let guard = guard_over(&store);
     let maintenance = guard.spawn_maintenance();
     guard.ready().await;
-    let listener = tokio::net::TcpListener::bind(address).await?;
-    let address = listener.local_addr()?;
-    let service = make_app(Arc::clone(&store), guard.clone());
-    let server = tokio::spawn(async move {
-        axum::serve(listener, service)
-            .with_graceful_shutdown(shutdown)
-            .await
-    });
+    let (address, server) = serve(
+        make_app(Arc::clone(&store), guard.clone()),
+        address,
+        shutdown,
+    )
+    .await?;
     Ok(Running {
         address,
         store,
@@ -256,6 +254,23 @@ pub(crate) async fn start(
         maintenance,
         server,
     })
+}
+
+/// A server task answering with `router` on `address` (port 0: any free
+/// one) until `shutdown` resolves; returns the address it listens on.
+pub(crate) async fn serve(
+    router: Router,
+    address: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    let address = listener.local_addr()?;
+    let server = tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await
+    });
+    Ok((address, server))
 }
 
 /// Ids that a URL must encode, as a client sends them and as the handler

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::common::http_client::{HttpClient, Reply};
-use crate::common::items_service::{ENCODED_IDS, assert_encoded_ids_round_trip};
+use crate::common::items_service::{self, ENCODED_IDS, assert_encoded_ids_round_trip};
 use bloomguard::Guard;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -25,17 +25,14 @@ async fn serve(items: u64, prometheus: PrometheusHandle) -> Running {
     let store = example::seeded_store(items);
     let guard = example::guard_over(&store);
     guard.rebuild().await.expect("the first build");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
     let app = example::app(Arc::clone(&store), guard.clone(), prometheus);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+    let (address, server) = items_service::serve(app, loopback, async {
+        let _ = stopped.await;
+    })
+    .await
+    .unwrap();
     Running {
         address,
         store,

@@ -299,27 +299,49 @@ impl From<ConfigError> for RebuildError {
     }
 }
 
+/// What went wrong between a guard and its fleet (the `redis` feature).
 #[cfg(feature = "redis")]
-/// Why a snapshot could not be published or loaded. The guard keeps serving
-/// what it has.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum FleetError {
     /// Redis failed.
     Redis(redis::RedisError),
-    /// The snapshot key does not hold a valid filter.
+    /// The snapshot does not decode.
     Decode(DecodeError),
-    /// The snapshot's filter has other parameters than this guard's.
+    /// The snapshot's filters were made with another seed.
     Incompatible(IncompatibleFilters),
     /// The guard has no filter to publish yet (it is warming).
     Warming,
+    /// This member cannot show that it holds every acknowledged insert (it
+    /// is fenced), so a snapshot of it could lose keys: not published.
+    Fenced,
     /// The snapshot's manifest is not `position version chunks`.
     BadManifest,
-    /// Other instances replaced the snapshot during each of `attempts` reads.
+    /// Other members replaced the snapshot during each of `attempts` reads.
     KeptChanging {
         /// Reads tried.
         attempts: u32,
     },
+    /// This guard is configured otherwise than the fleet it tries to join,
+    /// so their snapshots and rebuilds would not agree.
+    SettingsDiffer {
+        /// The first setting that differs.
+        setting: &'static str,
+        /// This guard's value.
+        ours: String,
+        /// The value the fleet recorded.
+        fleet: String,
+    },
+    /// Members holding a live lease did not apply the insert within the
+    /// acknowledgement timeout (and kept renewing their leases).
+    Unacknowledged {
+        /// How long the writer waited.
+        waited: std::time::Duration,
+        /// Members still behind.
+        members_behind: u64,
+    },
+    /// Redis answered in a shape the fleet does not write.
+    UnexpectedReply(&'static str),
 }
 
 #[cfg(feature = "redis")]
@@ -330,6 +352,9 @@ impl fmt::Display for FleetError {
             Self::Decode(error) => write!(f, "fleet snapshot refused: {error}"),
             Self::Incompatible(error) => write!(f, "fleet snapshot refused: {error}"),
             Self::Warming => f.write_str("the guard has no filter to publish yet"),
+            Self::Fenced => f.write_str(
+                "this member is fenced (behind the fleet's acknowledged inserts): not publishing",
+            ),
             Self::BadManifest => f.write_str(
                 "fleet snapshot refused: its manifest is not \"position version chunks\"",
             ),
@@ -337,6 +362,23 @@ impl fmt::Display for FleetError {
                 f,
                 "fleet snapshot was replaced during each of {attempts} reads; try again later"
             ),
+            Self::SettingsDiffer {
+                setting,
+                ours,
+                fleet,
+            } => write!(
+                f,
+                "this guard's {setting} is {ours}, the fleet's is {fleet}: a member must be \
+                 configured as the fleet is"
+            ),
+            Self::Unacknowledged {
+                waited,
+                members_behind,
+            } => write!(
+                f,
+                "{members_behind} fleet member(s) did not apply the insert within {waited:?}"
+            ),
+            Self::UnexpectedReply(what) => write!(f, "unexpected reply from Redis: {what}"),
         }
     }
 }
@@ -348,7 +390,7 @@ impl std::error::Error for FleetError {
             Self::Redis(error) => Some(error),
             Self::Decode(error) => Some(error),
             Self::Incompatible(error) => Some(error),
-            Self::Warming | Self::BadManifest | Self::KeptChanging { .. } => None,
+            _ => None,
         }
     }
 }
@@ -359,3 +401,58 @@ impl From<redis::RedisError> for FleetError {
         Self::Redis(error)
     }
 }
+
+/// A fleet write that failed: before the store write (not made), or after
+/// it (made, but not confirmed to every member).
+#[cfg(feature = "redis")]
+#[derive(Debug)]
+pub enum FleetWriteError<T> {
+    /// The key could not be appended to the fleet or acknowledged: `write`
+    /// did not run.
+    NotWritten(FleetError),
+    /// `write` ran and returned `output`, but the notice that it landed (sent
+    /// for writes slower than half the write settle) was not acknowledged:
+    /// a member rebuilding meanwhile may miss the key until its next rebuild.
+    Unconfirmed {
+        /// What `write` returned.
+        output: T,
+        /// Why the notice failed.
+        error: FleetError,
+    },
+}
+
+#[cfg(feature = "redis")]
+impl<T> fmt::Display for FleetWriteError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotWritten(error) => write!(f, "fleet write not made: {error}"),
+            Self::Unconfirmed { error, .. } => {
+                write!(f, "fleet write made but not confirmed: {error}")
+            }
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<T: fmt::Debug> std::error::Error for FleetWriteError<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::NotWritten(error) | Self::Unconfirmed { error, .. } => Some(error),
+        }
+    }
+}
+
+/// Text that is not a stream position (`milliseconds-sequence`).
+#[cfg(feature = "redis")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidStreamPosition;
+
+#[cfg(feature = "redis")]
+impl fmt::Display for InvalidStreamPosition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("not a stream position (milliseconds-sequence)")
+    }
+}
+
+#[cfg(feature = "redis")]
+impl std::error::Error for InvalidStreamPosition {}

@@ -211,6 +211,34 @@ impl LiveState {
         }
         Ok(())
     }
+
+    /// Fences the set (every check answers `MaybePresent`) or lifts the
+    /// fence; the filters stay as they are.
+    pub(crate) fn set_fenced(&self, fenced: bool) {
+        let _swap = lock(&self.swap_lock);
+        let set = self.set.load();
+        if set.fenced != fenced {
+            self.set.store(Arc::new(LiveSet {
+                fenced,
+                ..set.with_shadow(set.shadow.clone())
+            }));
+        }
+    }
+
+    /// Replaces the generations with `generations` (a fleet snapshot) and
+    /// fences the set in the same store, so that no check sees the new
+    /// filters before the caller has replayed what they lack. Ends warming
+    /// when `covers_the_store`. A rebuild's shadow stays installed: it holds
+    /// the store and every insert since it was installed, so its commit
+    /// loses nothing.
+    pub(crate) fn replace_fenced(&self, generations: Vec<Arc<Generation>>, covers_the_store: bool) {
+        let _swap = lock(&self.swap_lock);
+        let set = self.set.load();
+        let mut next = set.replaced(generations);
+        next.fenced = true;
+        next.warming &= !covers_the_store;
+        self.set.store(Arc::new(next));
+    }
 }
 
 impl std::fmt::Debug for LiveState {
@@ -242,6 +270,9 @@ pub(crate) struct LiveSet {
     pub(crate) warming: bool,
     /// A filter being built by a rebuild: inserts go here too.
     pub(crate) shadow: Option<Arc<Shadow>>,
+    /// The guard's fleet cannot show that these filters hold every insert
+    /// acknowledged to a writer: every check answers `MaybePresent`.
+    pub(crate) fenced: bool,
     /// Changes whenever `generations` does.
     pub(crate) number: u64,
 }
@@ -252,6 +283,7 @@ impl LiveSet {
             generations: Vec::new(),
             warming: true,
             shadow: None,
+            fenced: false,
             number: 0,
         }
     }
@@ -274,6 +306,7 @@ impl LiveSet {
             generations: self.generations.clone(),
             warming: self.warming,
             shadow,
+            fenced: self.fenced,
             number: self.number,
         }
     }
@@ -284,6 +317,7 @@ impl LiveSet {
             generations,
             warming: self.warming,
             shadow: self.shadow.clone(),
+            fenced: self.fenced,
             number: self.number + 1,
         }
     }

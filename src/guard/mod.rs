@@ -37,6 +37,7 @@ mod maintenance;
 mod policy;
 mod reader;
 mod rebuild;
+pub(crate) mod snapshot;
 pub mod source;
 mod staleness;
 mod stats;
@@ -217,6 +218,8 @@ impl Guard {
             let n = keys.len();
             if live.warming || live.generations.is_empty() {
                 out[..n].fill(Verdict::Warming);
+            } else if live.fenced {
+                out[..n].fill(Verdict::MaybePresent);
             } else {
                 for (hash, key) in hashes.iter_mut().zip(keys) {
                     *hash = hash_key(key.as_ref(), self.inner.seed);
@@ -245,6 +248,9 @@ impl Guard {
     pub(crate) fn verdict_in(&self, live: &LiveSet, key: &[u8]) -> Verdict {
         if live.warming {
             return Verdict::Warming;
+        }
+        if live.fenced {
+            return Verdict::MaybePresent;
         }
         match live.generations.as_slice() {
             [] => Verdict::Warming,

@@ -87,7 +87,7 @@ impl GuardReader {
         if address != self.only_from {
             self.only_from = address;
             self.only = match live.generations.as_slice() {
-                [only] if !live.warming => Some(Arc::clone(only)),
+                [only] if !live.warming && !live.fenced => Some(Arc::clone(only)),
                 _ => None,
             };
         }

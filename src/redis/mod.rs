@@ -21,7 +21,7 @@ use tokio::sync::OnceCell;
 
 pub mod fleet;
 
-pub use fleet::{FleetError, FleetHandle, FleetSync};
+pub use fleet::{FleetError, FleetHandle, FleetSync, FleetWriteError, StreamPosition};
 
 use crate::guard::source::{KeyBatch, KeySource, KeyStream, SourceError};
 use crate::loader::Loader;

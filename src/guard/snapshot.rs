@@ -1,0 +1,236 @@
+//! The live set as one value: every filter with what it was sized for and
+//! how long it has been open, so that a fleet snapshot carries a rotating
+//! guard's windows and a growing guard's capacities, and a member that
+//! loads it replaces its own set rather than OR filters of other shapes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Guard;
+use super::live::Generation;
+use crate::error::{DecodeError, FilterParameter, IncompatibleFilters};
+use crate::filter::AtomicBloom;
+
+/// `BGLS`: a bloomguard live set.
+const MAGIC: [u8; 4] = *b"BGLS";
+const VERSION: u8 = 1;
+/// Filters a set may hold, at most: a grown guard's ceiling with room to spare,
+/// so that a forged count cannot make a reader loop or allocate for long.
+const MAX_FILTERS: usize = 1_024;
+
+/// One filter of a [`LiveSnapshot`].
+pub(crate) struct SnapshotFilter {
+    pub(crate) filter: AtomicBloom,
+    pub(crate) capacity: u64,
+    pub(crate) fp_rate: f64,
+    /// How long the filter had been open for inserts when the snapshot was taken.
+    pub(crate) age: Duration,
+}
+
+/// Encodes `generations` (oldest first) as `[magic][version][count u32]`
+/// then, per filter, `[capacity u64][fp_rate f64][age_ms u64][len u64]
+/// [filter bytes]`, little-endian.
+fn encode(generations: &[Arc<Generation>]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(&MAGIC);
+    bytes.push(VERSION);
+    bytes.extend_from_slice(&(generations.len() as u32).to_le_bytes());
+    for g in generations {
+        let encoded = g.filter.to_bytes();
+        bytes.extend_from_slice(&g.capacity.to_le_bytes());
+        bytes.extend_from_slice(&g.fp_rate.to_le_bytes());
+        let age_ms = u64::try_from(g.opened_at.elapsed().as_millis()).unwrap_or(u64::MAX);
+        bytes.extend_from_slice(&age_ms.to_le_bytes());
+        bytes.extend_from_slice(&(encoded.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(&encoded);
+    }
+    bytes
+}
+
+/// Every filter of a guard's live set, oldest first, as decoded.
+pub(crate) struct LiveSnapshot {
+    pub(crate) filters: Vec<SnapshotFilter>,
+}
+
+impl LiveSnapshot {
+    pub(crate) fn from_bytes(mut bytes: &[u8]) -> Result<Self, DecodeError> {
+        let header = take(&mut bytes, MAGIC.len() + 1 + 4)?;
+        if header[..4] != MAGIC {
+            return Err(DecodeError::BadMagic);
+        }
+        if header[4] != VERSION {
+            return Err(DecodeError::UnsupportedVersion {
+                found: u16::from(header[4]),
+                supported: u16::from(VERSION),
+            });
+        }
+        let count = u32::from_le_bytes(header[5..9].try_into().expect("4 bytes")) as usize;
+        if count == 0 || count > MAX_FILTERS {
+            return Err(DecodeError::InvalidHeader("filter count out of range"));
+        }
+        let mut filters = Vec::with_capacity(count);
+        for _ in 0..count {
+            let capacity = u64_at(&mut bytes)?;
+            let fp_rate = f64::from_bits(u64_at(&mut bytes)?);
+            let age = Duration::from_millis(u64_at(&mut bytes)?);
+            let len = usize::try_from(u64_at(&mut bytes)?).map_err(|_| DecodeError::Truncated)?;
+            let filter = AtomicBloom::from_bytes(take(&mut bytes, len)?)?;
+            if !(fp_rate > 0.0 && fp_rate < 1.0) || capacity == 0 {
+                return Err(DecodeError::InvalidHeader("capacity or rate out of range"));
+            }
+            filters.push(SnapshotFilter {
+                filter,
+                capacity,
+                fp_rate,
+                age,
+            });
+        }
+        if !bytes.is_empty() {
+            return Err(DecodeError::TrailingBytes);
+        }
+        Ok(Self { filters })
+    }
+}
+
+fn take<'a>(bytes: &mut &'a [u8], len: usize) -> Result<&'a [u8], DecodeError> {
+    if bytes.len() < len {
+        return Err(DecodeError::Truncated);
+    }
+    let (head, rest) = bytes.split_at(len);
+    *bytes = rest;
+    Ok(head)
+}
+
+fn u64_at(bytes: &mut &[u8]) -> Result<u64, DecodeError> {
+    Ok(u64::from_le_bytes(
+        take(bytes, 8)?.try_into().expect("8 bytes"),
+    ))
+}
+
+impl Guard {
+    /// The live set now, encoded; `None` while warming (it says nothing of
+    /// the store yet).
+    pub(crate) fn encode_live_set(&self) -> Option<Vec<u8>> {
+        let live = self.inner.live.load_full();
+        (!live.warming && !live.generations.is_empty()).then(|| encode(&live.generations))
+    }
+
+    /// Replaces the live set with `snapshot`'s and fences the guard in the
+    /// same swap (see `LiveState::replace_fenced`); ends warming when
+    /// `covers_the_store`. Each filter's window goes on from the age it had.
+    ///
+    /// # Errors
+    /// [`IncompatibleFilters`] when a filter was made with another seed:
+    /// checks hash keys once, with the guard's seed.
+    pub(crate) fn replace_from_snapshot(
+        &self,
+        snapshot: LiveSnapshot,
+        covers_the_store: bool,
+    ) -> Result<(), IncompatibleFilters> {
+        if snapshot
+            .filters
+            .iter()
+            .any(|f| f.filter.seed() != self.inner.seed)
+        {
+            return Err(IncompatibleFilters {
+                differs_in: FilterParameter::Seed,
+            });
+        }
+        let now = Instant::now();
+        let generations = snapshot
+            .filters
+            .into_iter()
+            .map(|f| {
+                let mut generation = Generation::new(f.filter, f.capacity, f.fp_rate);
+                generation.opened_at = now.checked_sub(f.age).unwrap_or(now);
+                Arc::new(generation)
+            })
+            .collect();
+        self.inner
+            .live
+            .replace_fenced(generations, covers_the_store);
+        if covers_the_store {
+            self.inner.left_warming.notify_waiters();
+        }
+        Ok(())
+    }
+
+    /// Fences the guard (every check answers `MaybePresent`) or lifts it.
+    pub(crate) fn set_fenced(&self, fenced: bool) {
+        self.inner.live.set_fenced(fenced);
+    }
+
+    /// Whether the guard is fenced by its fleet.
+    pub fn is_fenced(&self) -> bool {
+        self.inner.live.load().fenced
+    }
+
+    /// The settings that must agree across a fleet, as text: what its
+    /// members record in Redis and compare.
+    pub(crate) fn fleet_settings(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("seed", format!("{:#x}", self.inner.seed)),
+            ("expected_items", self.inner.expected_items.to_string()),
+            ("false_positive_rate", self.inner.target_fpr.to_string()),
+            ("lifecycle", format!("{:?}", self.inner.lifecycle)),
+            (
+                "write_settle_ms",
+                self.inner.rebuild_policy.write_settle.as_millis().to_string(),
+            ),
+        ]
+    }
+
+    /// How long after an insert its store write may land and still be seen
+    /// by a rebuild that started meanwhile.
+    pub(crate) fn write_settle(&self) -> Duration {
+        self.inner.rebuild_policy.write_settle
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Lifecycle;
+
+    #[test]
+    fn a_rotating_set_round_trips_with_its_windows() {
+        let guard = Guard::builder()
+            .expected_items(1_000)
+            .seed(9)
+            .lifecycle(Lifecycle::Rotate {
+                generations: 3,
+                period: Duration::from_secs(3_600),
+            })
+            .build()
+            .unwrap();
+        guard.insert("old");
+        guard.rotate().unwrap();
+        guard.insert("new");
+        let bytes = guard.encode_live_set().unwrap();
+        let decoded = LiveSnapshot::from_bytes(&bytes).unwrap();
+        assert_eq!(decoded.filters.len(), 2);
+
+        let other = Guard::builder().expected_items(1_000).seed(9).build().unwrap();
+        other.replace_from_snapshot(decoded, true).unwrap();
+        assert!(other.is_fenced(), "replaced sets start fenced");
+        other.set_fenced(false);
+        assert_eq!(other.live_filters().len(), 2);
+        assert!(!other.check("old").is_absent());
+        assert!(!other.check("new").is_absent());
+
+        for cut in [0, 3, 9, bytes.len() - 1] {
+            assert!(LiveSnapshot::from_bytes(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn a_set_of_another_seed_is_refused() {
+        let guard = Guard::builder().expected_items(1_000).seed(1).build().unwrap();
+        let snapshot = LiveSnapshot::from_bytes(&guard.encode_live_set().unwrap()).unwrap();
+        let other = Guard::builder().expected_items(1_000).seed(2).build().unwrap();
+        assert!(other.replace_from_snapshot(snapshot, true).is_err());
+        assert!(!other.is_fenced());
+    }
+}

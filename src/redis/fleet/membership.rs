@@ -1,0 +1,222 @@
+//! Leases and acknowledgements: who is in the fleet, and when a writer may
+//! count on every member having applied its insert.
+//!
+//! Each member holds a lease in the sorted set `{name}:leases`, scored with
+//! its expiry on Redis's clock, and publishes the last stream entry it
+//! applied in the hash `{name}:applied`. A writer that appended entry `e`
+//! waits until every member whose lease is live has applied `e`; a member
+//! whose lease runs out stops counting, and it has fenced itself by then
+//! (below). Both checks run as Lua scripts, so each sees one instant of
+//! Redis's clock.
+//!
+//! **The clock assumption.** A member times its lease on its own monotonic
+//! clock from *before* it sent the renewal, and fences itself an eighth of a
+//! lease early; Redis times the same lease from when it ran the renewal, which
+//! is later. So a member believes its lease over no later than Redis does,
+//! provided its clock and Redis's run at the same rate within an eighth of a
+//! lease per lease (NTP-disciplined clocks drift by parts per million) and
+//! its runtime wakes the fencing timer within that eighth. Wall clocks are
+//! never compared, only durations.
+//!
+//! **Redis losing its data** (a restart without persistence) loses the
+//! leases: members still believe theirs. So `{name}:since` records when
+//! Redis's copy of the fleet began, and writers wait until one lease has
+//! passed since then before counting on an empty or partial member list; by
+//! then every member that held a lease before has either renewed (and is
+//! waited for) or fenced itself.
+
+use std::time::Duration;
+
+use redis::Script;
+use tokio::time::Instant;
+
+use super::{FleetSync, StreamPosition};
+use crate::error::FleetError;
+
+/// Renews (or takes) this member's lease and publishes its position.
+/// Returns `{continuous, last, members}`: whether the lease it held was still
+/// live in Redis, the stream's last entry id, and how many members hold
+/// live leases now. Drops lapsed members on the way.
+const RENEW: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('SET', KEYS[3], now) end
+local previous = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local continuous = 0
+if previous and tonumber(previous) > now then continuous = 1 end
+for _, lapsed in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
+  redis.call('HDEL', KEYS[2], lapsed)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+local last = '0-0'
+local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
+if newest[1] then last = newest[1][1] end
+return {continuous, last, redis.call('ZCARD', KEYS[1])}
+";
+
+/// Whether every member with a live lease has applied entry
+/// `ARGV[1]-ARGV[2]`. Returns `{behind, wait_ms}`: how many have not (or 1
+/// while the fleet's record is younger than a lease), and how long until
+/// the last of their leases, or that grace, runs out.
+const ACKNOWLEDGED: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local since = tonumber(redis.call('GET', KEYS[3]))
+if not since then
+  redis.call('SET', KEYS[3], now)
+  since = now
+end
+local lease = tonumber(ARGV[3])
+local behind, wait = 0, 0
+if now < since + lease then
+  behind, wait = 1, since + lease - now
+end
+local millis, sequence = tonumber(ARGV[1]), tonumber(ARGV[2])
+local members = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+for i = 1, #members, 2 do
+  local applied = redis.call('HGET', KEYS[2], members[i])
+  local done = false
+  if applied then
+    local dash = string.find(applied, '-', 1, true)
+    local m, s = tonumber(string.sub(applied, 1, dash - 1)), tonumber(string.sub(applied, dash + 1))
+    done = m > millis or (m == millis and s >= sequence)
+  end
+  if not done then
+    behind = behind + 1
+    wait = math.max(wait, tonumber(members[i + 1]) - now)
+  end
+end
+return {behind, wait}
+";
+
+/// Longest pause between two looks at the members while waiting, in case a
+/// notice is lost (the notice subscriber reconnecting).
+const LONGEST_POLL: Duration = Duration::from_millis(20);
+
+/// What a renewal found.
+pub(super) struct Renewal {
+    pub(super) sent_at: Instant,
+    pub(super) continuous: bool,
+    pub(super) last: StreamPosition,
+    pub(super) members: u64,
+}
+
+impl FleetSync {
+    /// Renews this member's lease, publishing its position.
+    pub(super) async fn renew(&self) -> Result<Renewal, FleetError> {
+        let keys = &self.inner.keys;
+        let position = self.state().position;
+        let sent_at = Instant::now();
+        let mut connection = self.inner.connection.get().await?;
+        let (continuous, last, members): (u8, StreamPosition, u64) = Script::new(RENEW)
+            .key(&keys.leases)
+            .key(&keys.applied)
+            .key(&keys.since)
+            .key(&keys.stream)
+            .arg(&self.inner.member)
+            .arg(self.inner.settings.lease.as_millis() as u64)
+            .arg(position)
+            .invoke_async(&mut connection)
+            .await?;
+        Ok(Renewal {
+            sent_at,
+            continuous: continuous == 1,
+            last,
+            members,
+        })
+    }
+
+    /// Gives up this member's lease at once (leaving, or recovering), so
+    /// that writers stop waiting for it.
+    pub(super) async fn withdraw(&self) {
+        let keys = &self.inner.keys;
+        let withdrawn: Result<(), FleetError> = async {
+            let mut connection = self.inner.connection.get().await?;
+            redis::pipe()
+                .zrem(&keys.leases, &self.inner.member)
+                .ignore()
+                .hdel(&keys.applied, &self.inner.member)
+                .ignore()
+                .exec_async(&mut connection)
+                .await?;
+            Ok(())
+        }
+        .await;
+        if let Err(error) = withdrawn {
+            tracing::debug!(%error, "lease not withdrawn; it will lapse");
+        }
+    }
+
+    /// Waits until every member holding a live lease has applied `entry`,
+    /// or its lease ran out.
+    pub(super) async fn wait_for_members(&self, entry: StreamPosition) -> Result<(), FleetError> {
+        let started = Instant::now();
+        let keys = &self.inner.keys;
+        let script = Script::new(ACKNOWLEDGED);
+        let mut notices = self.inner.applied_notices.subscribe();
+        let mut connection = self.inner.connection.get().await?;
+        loop {
+            let (behind, wait_ms): (u64, u64) = script
+                .key(&keys.leases)
+                .key(&keys.applied)
+                .key(&keys.since)
+                .arg(entry.millis())
+                .arg(entry.sequence())
+                .arg(self.inner.settings.lease.as_millis() as u64)
+                .invoke_async(&mut connection)
+                .await?;
+            if behind == 0 {
+                self.inner.counters.record_ack(started.elapsed());
+                return Ok(());
+            }
+            let waited = started.elapsed();
+            if waited >= self.inner.settings.ack_timeout {
+                return Err(FleetError::Unacknowledged {
+                    waited,
+                    members_behind: behind,
+                });
+            }
+            let pause = Duration::from_millis(wait_ms.max(1)).min(LONGEST_POLL);
+            tokio::select! {
+                _ = notices.changed() => {}
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    /// Keeps the lease: renews every quarter lease while the consumer is
+    /// reading; a member that stopped reading (stalled, recovering) lets its
+    /// lease lapse, so that writers stop waiting for it.
+    pub(super) async fn keep_lease(&self) {
+        let period = self.inner.settings.lease / 4;
+        loop {
+            if self.consumer_is_reading() {
+                match self.renew().await {
+                    Ok(renewal) => self.renewed(renewal),
+                    Err(error) => tracing::debug!(%error, "lease not renewed"),
+                }
+            }
+            tokio::time::sleep(period).await;
+        }
+    }
+
+    /// Fences the guard when its lease runs out, whatever else is stuck.
+    pub(super) async fn watch_lease(&self) {
+        loop {
+            let changed = self.inner.lease_changed.notified();
+            let fence_at = self.state().fence_at;
+            match fence_at {
+                Some(at) if at > Instant::now() => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        () = changed => {}
+                    }
+                }
+                _ => changed.await,
+            }
+            self.refresh_fence();
+        }
+    }
+}

@@ -1,0 +1,641 @@
+//! A fleet of service instances that keeps the one rule together, through Redis.
+//!
+//! **The contract.** Once a fleet write completes —
+//! [`FleetSync::insert_then_write`] returned `Ok`, or
+//! [`FleetWrite::finish`] did after the store write — no member of the fleet
+//! answers `Absent` for its key until its lifecycle forgets it (a rotation
+//! window ends, or a rebuild runs after the store dropped it). A member that
+//! cannot show that it has applied every insert acknowledged to a writer is
+//! **fenced**: it answers `MaybePresent` (a fenced member costs backend
+//! calls, never wrong answers), says so in [`FleetSync::stats`], and answers
+//! `Absent` again once it has caught up. A failed append means the write is
+//! not made.
+//!
+//! How it holds:
+//! - **Acknowledged inserts** (`membership.rs`). A write inserts into the
+//!   local guard, appends the key to the stream `{name}:inserts`, and waits
+//!   until every member holding a live lease has applied it (members publish
+//!   the last entry they applied; a notice wakes the writers), or until the
+//!   lease of each one that has not has run out. Then it writes the store.
+//!   Normal cost: one apply latency; worst case: one lease.
+//! - **Leases and fencing.** Each member renews a lease in Redis every
+//!   quarter lease, timed on its own clock from before the renewal, and fences
+//!   itself when it runs out (the clock assumption is spelled out in
+//!   `membership.rs` and below). A member whose lease lapsed, or that just
+//!   joined, stays fenced until it has applied the stream up to the last entry
+//!   that existed when it renewed.
+//! - **Catching up** (`stream.rs`). A member reads the stream in order and
+//!   notices when it was trimmed past its position: then it withdraws its
+//!   lease, fences, and recovers from the latest snapshot plus the stream
+//!   after it, asking the fleet for a fresh snapshot when none covers its gap,
+//!   and rebuilding from its own source meanwhile when it has one.
+//! - **Snapshots of the whole live set** (`snapshot.rs`). Every filter of a
+//!   rotating or growing guard, with its window or capacity, and the stream
+//!   position it covers. A member that joins or recovers **replaces** its live
+//!   set with the snapshot and replays the stream from its position (fenced
+//!   meanwhile); a warming guard leaves warming through the fleet only this
+//!   way, with the snapshot's coverage proven (nothing after its position was
+//!   trimmed from the stream). Publishing trims the stream to the previous
+//!   snapshot's position, so retention follows the snapshot period.
+//! - **Writes slower than the write settle.** A member's own rebuild covers
+//!   a remote insert whose store write lands within the write settle of the
+//!   append (its rebuild waits that long before reading its source). A write
+//!   that took longer than half the settle appends its key once more when it
+//!   has landed, and waits for that to be acknowledged too, so a rebuild that
+//!   started meanwhile gets the key from the stream.
+//! - **One configuration per fleet.** The first member records the settings
+//!   that must agree (seed, size, rate, lifecycle, write settle, lease) under
+//!   `{name}:settings`; a member configured otherwise refuses to join with
+//!   [`FleetError::SettingsDiffer`].
+//!
+//! **What the fleet does not cover.** Keys inserted with [`Guard::insert`]
+//! alone reach no other member, and a member that replaces its set from a
+//! snapshot forgets them: in a fleet, write through the `FleetSync`.
+//!
+//! **Clocks.** Durations are measured on each machine's monotonic clock and on
+//! Redis's; no wall clock is compared. The leases assume that these clocks
+//! run at the same rate within an eighth of a lease over a lease, and that a
+//! member's runtime is not stalled for that long (a process paused past its
+//! lease — a debugger, a frozen VM — may answer from a stale set until it
+//! runs again and notices).
+//!
+//! **The seed travels in the clear.** Snapshots in Redis carry the fleet's
+//! seed in their header, and whoever knows the seed can craft keys that
+//! defeat the guard (see SECURITY.md in the repository): read access to these
+//! Redis keys is part of the secret, and write access lets a writer replace
+//! the fleet's filter. Keep them behind Redis ACLs.
+//!
+//! All keys of a fleet share the hash tag `{name}`, so they live in one slot.
+
+mod membership;
+mod position;
+mod snapshot;
+mod stats;
+mod stream;
+
+pub use crate::error::{FleetError, FleetWriteError, InvalidStreamPosition};
+pub use position::StreamPosition;
+pub use stats::FleetStats;
+
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use redis::Client;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::Connection;
+use crate::guard::{Guard, PendingWrite};
+use crate::task::StoppableTask;
+use membership::Renewal;
+use stats::FleetCounters;
+
+/// One instance's membership of its fleet. Cheap to clone. See the
+/// [module docs](crate::redis::fleet) for the contract it keeps.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use bloomguard::Guard;
+/// use bloomguard::redis::fleet::FleetSync;
+///
+/// // Every instance: the same size, rate and seed.
+/// let guard = Guard::builder().name("items").expected_items(1_000_000).seed(0x5eed).build()?;
+/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+/// let fleet = FleetSync::builder(guard.clone(), client, "items").build();
+/// let membership = fleet.join().await?; // fenced until caught up with the fleet
+/// let store = std::sync::Mutex::new(std::collections::HashMap::new());
+/// fleet
+///     .insert_then_write("item:42", async { store.lock().unwrap().insert("item:42", "…") })
+///     .await?; // now no instance answers Absent for item:42
+/// membership.shutdown().await; // leaves the fleet; the guard stays fenced
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct FleetSync {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    guard: Guard,
+    client: Client,
+    /// Commands, scripts and renewals; the consumer's blocking reads have
+    /// their own connection.
+    connection: Connection,
+    keys: Keys,
+    /// This member's id in the fleet's lease set.
+    member: String,
+    settings: Settings,
+    state: Mutex<MemberState>,
+    /// Bumped whenever a member announces what it applied; writers waiting
+    /// for acknowledgements watch it.
+    applied_notices: watch::Sender<u64>,
+    /// Wakes the lease watchdog when the lease changed.
+    lease_changed: Notify,
+    /// A snapshot was published (a recovering member waits for one).
+    snapshot_published: Notify,
+    /// A member asked for a snapshot.
+    snapshot_requested: Notify,
+    counters: FleetCounters,
+}
+
+/// The Redis keys of one fleet, all under the hash tag `{name}`.
+struct Keys {
+    stream: String,
+    leases: String,
+    applied: String,
+    since: String,
+    settings: String,
+    manifest: String,
+    snapshot_version: String,
+    snapshot_lock: String,
+    notices: String,
+}
+
+impl Keys {
+    fn new(name: &str) -> Self {
+        let key = |suffix: &str| format!("{{{name}}}:{suffix}");
+        Self {
+            stream: key("inserts"),
+            leases: key("leases"),
+            applied: key("applied"),
+            since: key("since"),
+            settings: key("settings"),
+            manifest: key("snapshot"),
+            snapshot_version: key("snapshot:version"),
+            snapshot_lock: key("snapshot:lock"),
+            notices: key("notices"),
+        }
+    }
+
+    fn chunk(&self, version: u64, index: usize) -> String {
+        format!("{}:{version}:{index}", self.manifest)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Settings {
+    lease: Duration,
+    ack_timeout: Duration,
+    stream_max_len: usize,
+    chunk_bytes: usize,
+    snapshot_every: Option<Duration>,
+}
+
+/// What this member knows of its standing in the fleet. Never held across
+/// an `.await`.
+#[derive(Debug, Default)]
+struct MemberState {
+    /// The stream entry this member applied last.
+    position: StreamPosition,
+    /// When to fence unless renewed first: the lease as this member times it,
+    /// an eighth early. `None`: no lease (not joined, left, recovering).
+    fence_at: Option<Instant>,
+    renewed_at: Option<Instant>,
+    /// Fenced until the stream is applied up to here (after joining, or
+    /// renewing a lease that had lapsed).
+    catch_up_to: Option<StreamPosition>,
+    /// The stream was trimmed past this member: it needs a snapshot, or a
+    /// rebuild of its own.
+    recovering: bool,
+    /// When the consumer last read the stream (a renewal needs a live consumer).
+    last_read_at: Option<Instant>,
+    /// Whether the guard is fenced now.
+    fenced: bool,
+    /// Times the live set was replaced from a snapshot.
+    replacements: u64,
+    members: u64,
+    /// The stream's newest entry, as of the last read.
+    stream_end: StreamPosition,
+    lag_entries: u64,
+}
+
+impl MemberState {
+    fn must_fence(&self, now: Instant) -> bool {
+        self.fence_at.is_none_or(|at| now >= at) || self.catch_up_to.is_some() || self.recovering
+    }
+}
+
+/// Configures a [`FleetSync`]; made by [`FleetSync::builder`].
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct FleetSyncBuilder {
+    guard: Guard,
+    client: Client,
+    name: String,
+    settings: Settings,
+}
+
+impl FleetSyncBuilder {
+    /// How long a member's lease lasts (4 s unless told): the longest a
+    /// writer waits for a member that stopped answering, and the longest a
+    /// member that lost Redis answers before it fences itself. Renewed every
+    /// quarter lease. At least 100 ms.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.settings.lease = lease.max(Duration::from_millis(100));
+        self
+    }
+
+    /// How long a writer waits for members that keep their leases but do not
+    /// apply its insert (3 leases unless told) before it gives up, and the
+    /// write is not made.
+    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.ack_timeout = timeout;
+        self
+    }
+
+    /// Caps the insert stream at about `max_len` entries (`XADD … MAXLEN ~`),
+    /// a ceiling under the retention that snapshots set. A member that falls
+    /// further behind recovers from a snapshot.
+    pub fn stream_max_len(mut self, max_len: usize) -> Self {
+        self.settings.stream_max_len = max_len.max(1);
+        self
+    }
+
+    /// Splits snapshots into Redis strings of at most `bytes` each.
+    pub fn snapshot_chunk_bytes(mut self, bytes: usize) -> Self {
+        self.settings.chunk_bytes = bytes.max(1);
+        self
+    }
+
+    /// Publishes a snapshot every `period` (one member at a time), which
+    /// also trims the stream to the snapshot before. Unless told, only when
+    /// a member asks for one.
+    pub fn snapshot_every(mut self, period: Duration) -> Self {
+        self.settings.snapshot_every = Some(period);
+        self
+    }
+
+    /// The member, not yet joined: see [`FleetSync::join`].
+    pub fn build(self) -> FleetSync {
+        let seed = RandomState::new().hash_one(std::process::id());
+        FleetSync {
+            inner: Arc::new(Inner {
+                connection: Connection::new(self.client.clone(), self.settings.lease),
+                member: format!("{}:{seed:016x}", self.guard.name()),
+                guard: self.guard,
+                client: self.client,
+                keys: Keys::new(&self.name),
+                settings: self.settings,
+                state: Mutex::new(MemberState::default()),
+                applied_notices: watch::Sender::new(0),
+                lease_changed: Notify::new(),
+                snapshot_published: Notify::new(),
+                snapshot_requested: Notify::new(),
+                counters: FleetCounters::default(),
+            }),
+        }
+    }
+}
+
+impl FleetSync {
+    /// Entries the insert stream keeps at most, about, unless told.
+    pub const DEFAULT_STREAM_MAX_LEN: usize = 1_000_000;
+    /// Bytes per snapshot chunk unless told: 32 MiB, well under Redis's
+    /// 512 MB string limit and its default client query buffer.
+    pub const DEFAULT_SNAPSHOT_CHUNK_BYTES: usize = 32 << 20;
+    /// A member's lease unless told.
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(4);
+
+    /// Configures `guard`'s membership of the fleet `name` on the Redis
+    /// behind `client`.
+    pub fn builder(guard: Guard, client: Client, name: &str) -> FleetSyncBuilder {
+        FleetSyncBuilder {
+            guard,
+            client,
+            name: name.to_owned(),
+            settings: Settings {
+                lease: Self::DEFAULT_LEASE,
+                ack_timeout: 3 * Self::DEFAULT_LEASE,
+                stream_max_len: Self::DEFAULT_STREAM_MAX_LEN,
+                chunk_bytes: Self::DEFAULT_SNAPSHOT_CHUNK_BYTES,
+                snapshot_every: None,
+            },
+        }
+    }
+
+    /// The guard this instance answers from.
+    pub fn guard(&self) -> &Guard {
+        &self.inner.guard
+    }
+
+    /// This member's id in the fleet (`{guard name}:{random}`).
+    pub fn member(&self) -> &str {
+        &self.inner.member
+    }
+
+    /// Inserts `key` into every member of the fleet, then runs `write` (the
+    /// store write). Returns `write`'s output once every member holding a
+    /// lease has applied the insert (or fenced itself).
+    ///
+    /// # Errors
+    /// [`FleetWriteError::NotWritten`] when the append or its
+    /// acknowledgement failed: `write` did not run.
+    /// [`FleetWriteError::Unconfirmed`] when `write` ran but its landing could
+    /// not be confirmed (see [`FleetWrite::finish`]).
+    pub async fn insert_then_write<T>(
+        &self,
+        key: impl AsRef<[u8]>,
+        write: impl Future<Output = T>,
+    ) -> Result<T, FleetWriteError<T>> {
+        let pending = self
+            .begin_write(key)
+            .await
+            .map_err(FleetWriteError::NotWritten)?;
+        let output = write.await;
+        match pending.finish().await {
+            Ok(()) => Ok(output),
+            Err(error) => Err(FleetWriteError::Unconfirmed { output, error }),
+        }
+    }
+
+    /// Inserts `key` into every member of the fleet and returns once each
+    /// member holding a lease has applied it (or fenced itself). Make the
+    /// store write then, and call [`FleetWrite::finish`] once it has landed.
+    ///
+    /// # Errors
+    /// Redis failed, or members did not acknowledge within the timeout: do
+    /// not write (the key may reach some members: a false positive, never a
+    /// false negative).
+    pub async fn begin_write(&self, key: impl AsRef<[u8]>) -> Result<FleetWrite, FleetError> {
+        let key = key.as_ref();
+        let local = self.inner.guard.begin_write(key);
+        let appended_at = Instant::now();
+        let entry = self.append(key, false).await?;
+        self.wait_for_members(entry).await?;
+        self.inner.counters.count_local_insert();
+        Ok(FleetWrite {
+            fleet: self.clone(),
+            key: key.to_vec(),
+            local,
+            appended_at,
+        })
+    }
+
+    /// Joins the fleet: checks this guard's settings against the fleet's,
+    /// fences the guard, loads the latest snapshot when its coverage is proven
+    /// (a warming guard leaves warming this way), takes a lease, and starts
+    /// the tasks that apply the stream, keep the lease, fence on time and
+    /// publish snapshots. The guard answers `Absent` again once it has caught up.
+    ///
+    /// # Errors
+    /// [`FleetError::SettingsDiffer`]; Redis errors. The guard is left as it was.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub async fn join(&self) -> Result<FleetHandle, FleetError> {
+        self.join_with(None).await
+    }
+
+    /// [`join`](Self::join), leaving also when the application's `shutdown`
+    /// token is cancelled.
+    ///
+    /// # Errors
+    /// As [`join`](Self::join).
+    pub async fn join_until(&self, shutdown: &CancellationToken) -> Result<FleetHandle, FleetError> {
+        self.join_with(Some(shutdown)).await
+    }
+
+    async fn join_with(
+        &self,
+        shutdown: Option<&CancellationToken>,
+    ) -> Result<FleetHandle, FleetError> {
+        let was_fenced = self.inner.guard.is_fenced();
+        self.inner.guard.set_fenced(true);
+        self.state().fenced = true;
+        if let Err(error) = self.enter().instrument(self.span("join")).await {
+            self.inner.guard.set_fenced(was_fenced);
+            self.state().fenced = was_fenced;
+            return Err(error);
+        }
+        let member = self.clone();
+        let task = StoppableTask::spawn("fleet member", shutdown, |stop| async move {
+            let run = async {
+                tokio::join!(
+                    member.consume(),
+                    member.keep_lease(),
+                    member.watch_lease(),
+                    member.listen(),
+                    member.publish_when_due(),
+                );
+            };
+            tokio::select! {
+                () = stop.cancelled() => member.leave().await,
+                () = run.instrument(member.span("member")) => {}
+            }
+        });
+        Ok(FleetHandle { task })
+    }
+
+    /// Records or compares the settings, finds where to start reading, and
+    /// takes the first lease.
+    async fn enter(&self) -> Result<(), FleetError> {
+        self.check_settings().await?;
+        let start = match self.load_covering_snapshot().await? {
+            Some(position) => position,
+            None if self.stream_was_trimmed().await? => {
+                // What was trimmed is in no snapshot we can prove: recover.
+                self.state().recovering = true;
+                StreamPosition::START
+            }
+            None => StreamPosition::START,
+        };
+        self.state().position = start;
+        let renewal = self.renew().await?;
+        self.renewed(renewal);
+        Ok(())
+    }
+
+    async fn check_settings(&self) -> Result<(), FleetError> {
+        let mut ours = self.inner.guard.fleet_settings();
+        ours.push((
+            "lease_ms",
+            self.inner.settings.lease.as_millis().to_string(),
+        ));
+        let text: String = ours
+            .iter()
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut connection = self.inner.connection.get().await?;
+        let (_, recorded): ((), String) = redis::pipe()
+            .cmd("SET")
+            .arg(&self.inner.keys.settings)
+            .arg(&text)
+            .arg("NX")
+            .ignore()
+            .get(&self.inner.keys.settings)
+            .query_async(&mut connection)
+            .await
+            .map(|(recorded,): (String,)| ((), recorded))?;
+        for (name, value) in &ours {
+            let theirs = recorded
+                .split(' ')
+                .find_map(|field| field.strip_prefix(name)?.strip_prefix('='));
+            if theirs != Some(value.as_str()) {
+                return Err(FleetError::SettingsDiffer {
+                    setting: name,
+                    ours: value.clone(),
+                    fleet: theirs.unwrap_or("(not recorded)").to_owned(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Leaving: give the lease back so that writers stop waiting; the guard
+    /// stays fenced, since nothing keeps it up to date any more.
+    async fn leave(&self) {
+        {
+            let mut state = self.state();
+            state.fence_at = None;
+        }
+        self.refresh_fence();
+        self.withdraw().await;
+    }
+
+    /// Takes in what a renewal found.
+    fn renewed(&self, renewal: Renewal) {
+        {
+            let mut state = self.state();
+            let lease = self.inner.settings.lease;
+            state.fence_at = Some(renewal.sent_at + lease - lease / 8);
+            state.renewed_at = Some(renewal.sent_at);
+            state.members = renewal.members;
+            if !renewal.continuous && renewal.last > state.position {
+                // Writers may have counted this member out while its lease
+                // had lapsed: it must hold what they appended until now.
+                let target = state.catch_up_to.unwrap_or_default().max(renewal.last);
+                state.catch_up_to = Some(target);
+            }
+        }
+        self.inner.lease_changed.notify_one();
+        self.refresh_fence();
+    }
+
+    /// Fences or unfences the guard as the member's state requires.
+    fn refresh_fence(&self) {
+        let mut state = self.state();
+        let fence = state.must_fence(Instant::now());
+        if fence != state.fenced {
+            state.fenced = fence;
+            if fence {
+                self.inner.counters.count_fence();
+            }
+            // Under the state lock, so that two refreshes cannot store their
+            // answers in the opposite order.
+            self.inner.guard.set_fenced(fence);
+        }
+    }
+
+    /// Whether the consumer read the stream within the last half lease.
+    fn consumer_is_reading(&self) -> bool {
+        let state = self.state();
+        !state.recovering
+            && state
+                .last_read_at
+                .is_some_and(|at| at.elapsed() < self.inner.settings.lease / 2)
+    }
+
+    /// A span carrying the guard's name and the fleet's stream.
+    fn span(&self, operation: &'static str) -> tracing::Span {
+        tracing::info_span!(
+            "bloomguard.fleet",
+            operation,
+            guard = %self.inner.guard.name(),
+            stream = %self.inner.keys.stream
+        )
+    }
+
+    fn state(&self) -> MutexGuard<'_, MemberState> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The stream position this instance has applied up to.
+    pub fn position(&self) -> StreamPosition {
+        self.state().position
+    }
+}
+
+impl fmt::Debug for FleetSync {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FleetSync")
+            .field("member", &self.inner.member)
+            .field("stream", &self.inner.keys.stream)
+            .field("state", &*self.state())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A fleet write in progress, from [`FleetSync::begin_write`]: every member
+/// holds the key. Make the store write, then call [`finish`](Self::finish).
+#[must_use = "call `finish` once the store write has landed"]
+pub struct FleetWrite {
+    fleet: FleetSync,
+    key: Vec<u8>,
+    /// Covers this member's own rebuilds until the write lands.
+    local: PendingWrite,
+    appended_at: Instant,
+}
+
+impl FleetWrite {
+    /// Tells the fleet that the store write has landed. A write slower than
+    /// half the write settle appends its key again and waits for that to be
+    /// acknowledged, so that a member whose rebuild read its source before
+    /// the write landed still gets the key; faster ones return at once.
+    ///
+    /// # Errors
+    /// The second append or its acknowledgement failed: a member rebuilding
+    /// now may miss the key until its next rebuild.
+    pub async fn finish(self) -> Result<(), FleetError> {
+        let settle = self.fleet.inner.guard.write_settle();
+        if self.appended_at.elapsed() > settle / 2 {
+            let entry = self.fleet.append(&self.key, true).await?;
+            self.fleet.wait_for_members(entry).await?;
+        }
+        drop(self.local);
+        Ok(())
+    }
+}
+
+impl fmt::Debug for FleetWrite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FleetWrite")
+            .field("member", &self.fleet.inner.member)
+            .field("since", &self.appended_at.elapsed())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A member's running tasks; dropping it stops them (the lease then lapses).
+#[derive(Debug)]
+#[must_use = "dropping the handle stops the member's tasks at once: keep it for as long as the instance serves"]
+pub struct FleetHandle {
+    task: StoppableTask,
+}
+
+impl FleetHandle {
+    /// Leaves the fleet (gives the lease back) and waits for the tasks to
+    /// end. The guard stays fenced.
+    pub async fn shutdown(self) {
+        self.task.shutdown().await;
+    }
+
+    /// Whether the tasks have ended (left, or died: see [`panicked`](Self::panicked)).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Whether the tasks ended by panicking (logged at ERROR when they did).
+    pub fn panicked(&self) -> bool {
+        self.task.panicked()
+    }
+}

@@ -1,0 +1,259 @@
+//! Snapshots of a member's whole live set, published for the fleet and
+//! loaded by members that join or recover.
+//!
+//! The encoded set goes into chunks of at most `snapshot_chunk_bytes` under
+//! a new version number (`{name}:snapshot:{version}:{i}`); then the manifest
+//! `{name}:snapshot` ("position version chunks") is switched to it in one
+//! `SET`, so a reader sees the old snapshot or the new one, never a mix; then
+//! the old version's chunks are deleted and the stream is trimmed to the old
+//! snapshot's position (whoever is still loading it can replay from there).
+
+use tracing::Instrument;
+
+use super::{FleetSync, StreamPosition};
+use crate::error::FleetError;
+use crate::guard::snapshot::LiveSnapshot;
+
+/// Reads of a snapshot that publishers keep replacing, before giving up.
+const SNAPSHOT_READ_ATTEMPTS: u32 = 3;
+
+/// What `{name}:snapshot` holds: where the snapshot's chunks are, and the
+/// stream position it covers.
+struct Manifest {
+    position: StreamPosition,
+    version: u64,
+    chunks: usize,
+}
+
+impl Manifest {
+    fn parse(text: &str) -> Option<Self> {
+        let mut fields = text.split(' ');
+        let manifest = Self {
+            position: fields.next()?.parse().ok()?,
+            version: fields.next()?.parse().ok()?,
+            chunks: fields.next()?.parse().ok()?,
+        };
+        fields.next().is_none().then_some(manifest)
+    }
+}
+
+/// One attempt at reading the snapshot.
+enum Read {
+    None,
+    /// Its chunks were deleted while we read them.
+    Replaced,
+    Snapshot(StreamPosition, LiveSnapshot),
+}
+
+impl FleetSync {
+    /// Publishes this member's whole live set and the stream position it
+    /// covers as the fleet's snapshot, notifies the fleet, and trims the
+    /// stream to the snapshot before. Returns the position.
+    ///
+    /// # Errors
+    /// [`FleetError::Warming`] before the guard has a filter;
+    /// [`FleetError::Fenced`] while this member is not caught up (or not
+    /// joined): its set could lack acknowledged keys. Redis errors.
+    pub async fn publish_snapshot(&self) -> Result<StreamPosition, FleetError> {
+        self.publish()
+            .instrument(self.span("publish_snapshot"))
+            .await
+    }
+
+    async fn publish(&self) -> Result<StreamPosition, FleetError> {
+        let taken = || {
+            let state = self.state();
+            (!state.fenced && state.fence_at.is_some())
+                .then_some((state.position, state.replacements))
+        };
+        // The position first: the set holds at least every entry up to it.
+        let (position, replacements) = taken().ok_or(FleetError::Fenced)?;
+        let encoded = self
+            .inner
+            .guard
+            .encode_live_set()
+            .ok_or(FleetError::Warming)?;
+        if taken().is_none_or(|(_, now)| now != replacements) {
+            // Replaced from another snapshot meanwhile: what we encoded may
+            // not hold what `position` says.
+            return Err(FleetError::Fenced);
+        }
+        let keys = &self.inner.keys;
+        let mut connection = self.inner.connection.get().await?;
+        let version: u64 = redis::cmd("INCR")
+            .arg(&keys.snapshot_version)
+            .query_async(&mut connection)
+            .await?;
+        let chunks = encoded.chunks(self.inner.settings.chunk_bytes);
+        let count = chunks.len();
+        for (i, chunk) in chunks.enumerate() {
+            let () = redis::cmd("SET")
+                .arg(keys.chunk(version, i))
+                .arg(chunk)
+                .query_async(&mut connection)
+                .await?;
+        }
+        let previous: Option<String> = redis::cmd("SET")
+            .arg(&keys.manifest)
+            .arg(format!("{position} {version} {count}"))
+            .arg("GET")
+            .query_async(&mut connection)
+            .await?;
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(&keys.notices)
+            .arg("snapshot")
+            .query_async(&mut connection)
+            .await?;
+        if let Some(old) = previous.as_deref().and_then(Manifest::parse)
+            && old.version != version
+        {
+            let mut delete = redis::cmd("DEL");
+            for i in 0..old.chunks {
+                delete.arg(keys.chunk(old.version, i));
+            }
+            let _: i64 = delete.query_async(&mut connection).await?;
+            let _: i64 = redis::cmd("XTRIM")
+                .arg(&keys.stream)
+                .arg("MINID")
+                .arg("~")
+                .arg(old.position.min(position))
+                .query_async(&mut connection)
+                .await?;
+        }
+        Ok(position)
+    }
+
+    /// Loads the fleet's snapshot if the stream still holds everything after
+    /// its position: replaces the live set with it (fenced, until the stream
+    /// after it is applied), ends warming, and moves this member's position
+    /// to it. `Ok(None)` when there is no snapshot, or one that the stream
+    /// no longer continues.
+    ///
+    /// # Errors
+    /// A snapshot that does not decode, or whose filters have another seed,
+    /// is refused ([`FleetError::Decode`], [`FleetError::Incompatible`]) and
+    /// the guard keeps what it has; [`FleetError::KeptChanging`].
+    pub(super) async fn load_covering_snapshot(&self) -> Result<Option<StreamPosition>, FleetError> {
+        // A publish that replaces the snapshot while we read it deletes the
+        // chunks we are reading: read the new one then.
+        for _ in 0..SNAPSHOT_READ_ATTEMPTS {
+            match self.read_snapshot().await? {
+                Read::None => return Ok(None),
+                Read::Replaced => continue,
+                Read::Snapshot(position, set) => {
+                    if self.stream_trimmed_past(position).await? {
+                        return Ok(None);
+                    }
+                    let mut state = self.state();
+                    self.inner
+                        .guard
+                        .replace_from_snapshot(set, true)
+                        .map_err(FleetError::Incompatible)?;
+                    state.fenced = true;
+                    state.replacements += 1;
+                    // Replay from the snapshot, and do not answer before
+                    // reaching where this member had got to.
+                    let reached = state.position;
+                    state.position = position;
+                    if reached > position {
+                        state.catch_up_to = Some(state.catch_up_to.unwrap_or_default().max(reached));
+                    }
+                    return Ok(Some(position));
+                }
+            }
+        }
+        Err(FleetError::KeptChanging {
+            attempts: SNAPSHOT_READ_ATTEMPTS,
+        })
+    }
+
+    async fn stream_trimmed_past(&self, position: StreamPosition) -> Result<bool, FleetError> {
+        let mut connection = self.inner.connection.get().await?;
+        let script = redis::Script::new(
+            "if redis.call('EXISTS', KEYS[1]) == 0 then return '0-0' end \
+             local info = redis.call('XINFO', 'STREAM', KEYS[1]) \
+             for i = 1, #info, 2 do \
+               if info[i] == 'max-deleted-entry-id' then return info[i + 1] end \
+             end \
+             return '0-0'",
+        );
+        let max_deleted: StreamPosition = script
+            .key(&self.inner.keys.stream)
+            .invoke_async(&mut connection)
+            .await?;
+        Ok(max_deleted > position)
+    }
+
+    async fn read_snapshot(&self) -> Result<Read, FleetError> {
+        let keys = &self.inner.keys;
+        let mut connection = self.inner.connection.get().await?;
+        let manifest: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(&keys.manifest)
+            .query_async(&mut connection)
+            .await?;
+        let Some(manifest) = manifest else {
+            return Ok(Read::None);
+        };
+        let manifest = std::str::from_utf8(&manifest)
+            .ok()
+            .and_then(Manifest::parse)
+            .ok_or(FleetError::BadManifest)?;
+        let mut encoded = Vec::new();
+        for i in 0..manifest.chunks {
+            let chunk: Option<Vec<u8>> = redis::cmd("GET")
+                .arg(keys.chunk(manifest.version, i))
+                .query_async(&mut connection)
+                .await?;
+            match chunk {
+                Some(chunk) => encoded.extend_from_slice(&chunk),
+                None => return Ok(Read::Replaced),
+            }
+        }
+        let set = LiveSnapshot::from_bytes(&encoded).map_err(FleetError::Decode)?;
+        Ok(Read::Snapshot(manifest.position, set))
+    }
+
+    /// Publishes a snapshot every `snapshot_every`, and when a member asks
+    /// for one; one member at a time (a lock held for a lease).
+    pub(super) async fn publish_when_due(&self) {
+        loop {
+            let requested = self.inner.snapshot_requested.notified();
+            match self.inner.settings.snapshot_every {
+                Some(period) => {
+                    tokio::select! {
+                        () = tokio::time::sleep(period) => {}
+                        () = requested => {}
+                    }
+                }
+                None => requested.await,
+            }
+            if !self.take_publish_turn().await {
+                continue;
+            }
+            match self.publish_snapshot().await {
+                Ok(_) | Err(FleetError::Fenced | FleetError::Warming) => {}
+                Err(error) => tracing::warn!(%error, "fleet snapshot not published"),
+            }
+        }
+    }
+
+    /// Whether this member may publish now (no other did within a lease).
+    async fn take_publish_turn(&self) -> bool {
+        if self.inner.guard.is_fenced() || self.inner.guard.is_warming() {
+            return false;
+        }
+        let taken: Result<Option<String>, FleetError> = async {
+            let mut connection = self.inner.connection.get().await?;
+            Ok(redis::cmd("SET")
+                .arg(&self.inner.keys.snapshot_lock)
+                .arg(&self.inner.member)
+                .arg("NX")
+                .arg("PX")
+                .arg(self.inner.settings.lease.as_millis() as u64)
+                .query_async(&mut connection)
+                .await?)
+        }
+        .await;
+        matches!(taken, Ok(Some(_)))
+    }
+}

@@ -1,0 +1,358 @@
+//! The insert stream: appending, applying in order, noticing a gap, and
+//! recovering from one.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::MultiplexedConnection;
+use redis::streams::StreamRangeReply;
+use redis::{AsyncConnectionConfig, Script, Value};
+use tokio::time::Instant;
+
+use super::{FleetSync, StreamPosition};
+use crate::error::FleetError;
+use crate::guard::RebuildError;
+
+/// Entries applied per read, at most.
+const READ_COUNT: usize = 1_000;
+/// Wait before reconnecting after a failed read.
+const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Reads the entries after `ARGV[1]` (up to `ARGV[2]`) together with what
+/// tells whether any were trimmed before this member read them, in one
+/// step: `{last, max_deleted, entries_added, entries}`.
+const READ_AFTER: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'0-0', '0-0', 0, {}} end
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local last, deleted, added = '0-0', '0-0', 0
+for i = 1, #info, 2 do
+  if info[i] == 'last-generated-id' then last = info[i + 1]
+  elseif info[i] == 'max-deleted-entry-id' then deleted = info[i + 1]
+  elseif info[i] == 'entries-added' then added = info[i + 1] end
+end
+return {last, deleted, added, redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])}
+";
+
+/// What one read found.
+struct Read {
+    last: StreamPosition,
+    max_deleted: StreamPosition,
+    entries: StreamRangeReply,
+}
+
+/// What the consumer does next.
+enum Next {
+    ReadAgain,
+    Wait,
+    Recover,
+}
+
+impl FleetSync {
+    /// Appends `key` to the stream; `landed` marks the second append of a
+    /// slow write. Returns the entry's position.
+    pub(super) async fn append(
+        &self,
+        key: &[u8],
+        landed: bool,
+    ) -> Result<StreamPosition, FleetError> {
+        let mut connection = self.inner.connection.get().await?;
+        let mut append = redis::cmd("XADD");
+        append
+            .arg(&self.inner.keys.stream)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(self.inner.settings.stream_max_len)
+            .arg("*")
+            .arg("k")
+            .arg(key)
+            .arg("m")
+            .arg(&self.inner.member);
+        if landed {
+            append.arg("landed").arg(1);
+        }
+        Ok(append.query_async(&mut connection).await?)
+    }
+
+    /// Whether entries were ever trimmed from the stream.
+    pub(super) async fn stream_was_trimmed(&self) -> Result<bool, FleetError> {
+        let mut connection = self.inner.connection.get().await?;
+        let read = self
+            .read_after(&mut connection, StreamPosition::START, 0)
+            .await?;
+        Ok(read.max_deleted > StreamPosition::START)
+    }
+
+    async fn read_after<C: redis::aio::ConnectionLike>(
+        &self,
+        connection: &mut C,
+        position: StreamPosition,
+        count: usize,
+    ) -> Result<Read, FleetError> {
+        let reply: (StreamPosition, StreamPosition, u64, Value) = Script::new(READ_AFTER)
+            .key(&self.inner.keys.stream)
+            .arg(position)
+            .arg(count.max(1))
+            .invoke_async(connection)
+            .await?;
+        let (last, max_deleted, _added, entries) = reply;
+        let entries = redis::from_redis_value(entries)
+            .map_err(|_| FleetError::UnexpectedReply("stream entries"))?;
+        Ok(Read {
+            last,
+            max_deleted,
+            entries,
+        })
+    }
+
+    /// Applies the stream in order, for as long as the member runs.
+    pub(super) async fn consume(&self) {
+        let mut reader: Option<MultiplexedConnection> = None;
+        loop {
+            if self.state().recovering {
+                self.recover().await;
+                continue;
+            }
+            let Some(connection) = reader.as_mut() else {
+                match self.connect_reader().await {
+                    Ok(fresh) => reader = Some(fresh),
+                    Err(error) => {
+                        tracing::debug!(%error, "fleet stream unreachable; retrying");
+                        tokio::time::sleep(RECONNECT_BACKOFF).await;
+                    }
+                }
+                continue;
+            };
+            let next = match self.apply_next(connection).await {
+                Ok(next) => next,
+                Err(error) => {
+                    tracing::debug!(%error, "fleet stream read failed; reconnecting");
+                    reader = None;
+                    tokio::time::sleep(RECONNECT_BACKOFF).await;
+                    continue;
+                }
+            };
+            match next {
+                Next::ReadAgain => {}
+                Next::Recover => {
+                    self.state().recovering = true;
+                    self.refresh_fence();
+                }
+                Next::Wait => {
+                    if let Err(error) = self.wait_for_entries(connection).await {
+                        tracing::debug!(%error, "fleet stream wait failed; reconnecting");
+                        reader = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The consumer's own connection: its blocking reads would hold up
+    /// every command queued behind them on a shared one.
+    async fn connect_reader(&self) -> Result<MultiplexedConnection, FleetError> {
+        let lease = self.inner.settings.lease;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(lease / 2))
+            .set_response_timeout(Some(lease / 2));
+        Ok(self
+            .inner
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?)
+    }
+
+    /// Applies the entries after this member's position, if none were trimmed.
+    async fn apply_next(&self, connection: &mut MultiplexedConnection) -> Result<Next, FleetError> {
+        let position = self.state().position;
+        let read = self.read_after(connection, position, READ_COUNT).await?;
+        let read_at = Instant::now();
+        if read.max_deleted > position {
+            tracing::warn!(
+                %position,
+                trimmed_to = %read.max_deleted,
+                "the insert stream was trimmed past this member: recovering from a snapshot"
+            );
+            return Ok(Next::Recover);
+        }
+        let applied_any = !read.entries.ids.is_empty();
+        let mut newest = position;
+        let mut remote = 0;
+        for entry in &read.entries.ids {
+            if let Some(Value::BulkString(key)) = entry.map.get("k") {
+                self.inner.guard.insert(key);
+            }
+            let from: Option<String> = entry.get("m");
+            remote += u64::from(from.as_deref() != Some(self.inner.member.as_str()));
+            newest = entry.id.parse().map_err(|_| FleetError::UnexpectedReply("stream id"))?;
+        }
+        self.inner.counters.count_remote_inserts(remote);
+        let stranded = {
+            let mut state = self.state();
+            state.position = newest;
+            state.last_read_at = Some(read_at);
+            state.stream_end = read.last;
+            // Behind by this read's entries (by at least that many when it
+            // filled a whole read).
+            state.lag_entries = read.entries.ids.len() as u64;
+            match state.catch_up_to {
+                Some(target) if newest >= target => {
+                    state.catch_up_to = None;
+                    false
+                }
+                // The stream ends before the entries this member must hold
+                // (Redis lost them): only a snapshot or a rebuild has them.
+                Some(target) if !applied_any && read.last < target => true,
+                _ => false,
+            }
+        };
+        if stranded {
+            return Ok(Next::Recover);
+        }
+        self.refresh_fence();
+        if applied_any {
+            self.announce_applied(newest).await;
+            Ok(Next::ReadAgain)
+        } else {
+            Ok(Next::Wait)
+        }
+    }
+
+    /// Publishes this member's position and wakes the writers waiting on it.
+    async fn announce_applied(&self, position: StreamPosition) {
+        let keys = &self.inner.keys;
+        let announced: Result<(), FleetError> = async {
+            let mut connection = self.inner.connection.get().await?;
+            redis::pipe()
+                .hset(&keys.applied, &self.inner.member, position)
+                .ignore()
+                .publish(&keys.notices, "applied")
+                .ignore()
+                .exec_async(&mut connection)
+                .await?;
+            Ok(())
+        }
+        .await;
+        if let Err(error) = announced {
+            tracing::debug!(%error, "applied position not announced; the lease renewal will");
+        }
+    }
+
+    /// Blocks until an entry after this member's position exists (or a
+    /// quarter lease passed, to keep the consumer's heartbeat going).
+    async fn wait_for_entries(&self, connection: &mut MultiplexedConnection) -> Result<(), FleetError> {
+        let position = self.state().position;
+        let block = self.inner.settings.lease / 4;
+        let _: Value = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(1)
+            .arg("BLOCK")
+            .arg(block.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(&self.inner.keys.stream)
+            .arg(position)
+            .query_async(connection)
+            .await?;
+        self.state().last_read_at = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Recovers a member the stream left behind: withdraws its lease (so
+    /// that writers stop waiting for it), then replaces its set with a
+    /// snapshot that covers its gap; while there is none, asks the fleet for
+    /// one and, when the guard has a source, rebuilds from it (the rebuild
+    /// starts after the member's new position, so the stream after that
+    /// position plus the rebuild hold everything). Fenced throughout, and
+    /// until caught up after.
+    async fn recover(&self) {
+        self.inner.counters.count_recovery();
+        {
+            self.state().fence_at = None;
+        }
+        self.refresh_fence();
+        self.withdraw().await;
+        loop {
+            let published = self.inner.snapshot_published.notified();
+            match self.load_covering_snapshot().await {
+                Ok(Some(_)) => break,
+                Ok(None) => {}
+                Err(error) => tracing::warn!(%error, "fleet snapshot not loaded"),
+            }
+            self.request_snapshot().await;
+            if self.rebuild_from_the_stream_end().await {
+                break;
+            }
+            let _ = tokio::time::timeout(self.inner.settings.lease, published).await;
+        }
+        self.state().recovering = false;
+        match self.renew().await {
+            Ok(renewal) => self.renewed(renewal),
+            Err(error) => tracing::debug!(%error, "lease not taken after recovering; retrying"),
+        }
+    }
+
+    /// Moves to the stream's end and rebuilds the guard from its source.
+    /// `false` when the guard has no source or the rebuild failed.
+    async fn rebuild_from_the_stream_end(&self) -> bool {
+        let last = async {
+            let mut connection = self.inner.connection.get().await?;
+            let read = self
+                .read_after(&mut connection, StreamPosition::START, 0)
+                .await?;
+            Ok::<_, FleetError>(read.last)
+        };
+        let Ok(last) = last.await else { return false };
+        let position_before = {
+            let mut state = self.state();
+            let moved_to = last.max(state.position);
+            std::mem::replace(&mut state.position, moved_to)
+        };
+        match self.inner.guard.rebuild().await {
+            Ok(_) => true,
+            Err(RebuildError::NoSource) => {
+                self.state().position = position_before;
+                false
+            }
+            Err(error) => {
+                tracing::warn!(%error, "rebuild while recovering failed; retrying");
+                false
+            }
+        }
+    }
+
+    /// Listens for the fleet's notices: positions applied (waking writers),
+    /// snapshots published, snapshots asked for.
+    pub(super) async fn listen(&self) {
+        loop {
+            if let Ok(mut subscription) = self.inner.client.get_async_pubsub().await
+                && subscription.subscribe(&self.inner.keys.notices).await.is_ok()
+            {
+                let mut notices = subscription.on_message();
+                while let Some(notice) = notices.next().await {
+                    match notice.get_payload_bytes() {
+                        b"applied" => self.inner.applied_notices.send_modify(|n| *n += 1),
+                        b"snapshot" => self.inner.snapshot_published.notify_waiters(),
+                        b"request" => self.inner.snapshot_requested.notify_one(),
+                        _ => {}
+                    }
+                }
+            }
+            tokio::time::sleep(RECONNECT_BACKOFF).await;
+        }
+    }
+
+    async fn request_snapshot(&self) {
+        let requested: Result<(), FleetError> = async {
+            let mut connection = self.inner.connection.get().await?;
+            let _: i64 = redis::cmd("PUBLISH")
+                .arg(&self.inner.keys.notices)
+                .arg("request")
+                .query_async(&mut connection)
+                .await?;
+            Ok(())
+        }
+        .await;
+        if let Err(error) = requested {
+            tracing::debug!(%error, "snapshot not requested");
+        }
+    }
+}

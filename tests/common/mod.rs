@@ -6,6 +6,7 @@ pub(crate) mod alloc_meter;
 pub(crate) mod http_client;
 pub(crate) mod items_service;
 pub(crate) mod redis_server;
+pub(crate) mod tcp_proxy;
 
 /// `user:{u}:item:{i}` keys, numbered `first..first + count` (13–30 bytes).
 pub(crate) fn keys(first: u64, count: u64) -> Vec<String> {

@@ -147,6 +147,8 @@ struct Inner {
 /// The Redis keys of one fleet, all under the hash tag `{name}`.
 struct Keys {
     stream: String,
+    /// The newest entry trimmed from the stream.
+    trimmed: String,
     leases: String,
     applied: String,
     since: String,
@@ -162,6 +164,7 @@ impl Keys {
         let key = |suffix: &str| format!("{{{name}}}:{suffix}");
         Self {
             stream: key("inserts"),
+            trimmed: key("inserts:trimmed"),
             leases: key("leases"),
             applied: key("applied"),
             since: key("since"),
@@ -408,6 +411,7 @@ impl FleetSync {
         let was_fenced = self.inner.guard.is_fenced();
         self.inner.guard.set_fenced(true);
         self.state().fenced = true;
+        self.inner.counters.count_fence();
         if let Err(error) = self.enter().instrument(self.span("join")).await {
             self.inner.guard.set_fenced(was_fenced);
             self.state().fenced = was_fenced;
@@ -436,9 +440,17 @@ impl FleetSync {
     /// takes the first lease.
     async fn enter(&self) -> Result<(), FleetError> {
         self.check_settings().await?;
-        let start = match self.load_covering_snapshot().await? {
+        let snapshot = match self.load_covering_snapshot().await {
+            Err(FleetError::Redis(error)) => return Err(error.into()),
+            Err(error) => {
+                tracing::warn!(%error, "fleet snapshot refused; joining from the stream");
+                None
+            }
+            Ok(snapshot) => snapshot,
+        };
+        let start = match snapshot {
             Some(position) => position,
-            None if self.stream_was_trimmed().await? => {
+            None if self.trimmed_to().await? > StreamPosition::START => {
                 // What was trimmed is in no snapshot we can prove: recover.
                 self.state().recovering = true;
                 StreamPosition::START
@@ -461,21 +473,21 @@ impl FleetSync {
             .iter()
             .map(|(name, value)| format!("{name}={value}"))
             .collect::<Vec<_>>()
-            .join(" ");
+            .join("\n");
         let mut connection = self.inner.connection.get().await?;
-        let (_, recorded): ((), String) = redis::pipe()
-            .cmd("SET")
-            .arg(&self.inner.keys.settings)
-            .arg(&text)
-            .arg("NX")
+        let (recorded,): (String,) = redis::pipe()
+            .set_options(
+                &self.inner.keys.settings,
+                &text,
+                redis::SetOptions::default().conditional_set(redis::ExistenceCheck::NX),
+            )
             .ignore()
             .get(&self.inner.keys.settings)
             .query_async(&mut connection)
-            .await
-            .map(|(recorded,): (String,)| ((), recorded))?;
+            .await?;
         for (name, value) in &ours {
             let theirs = recorded
-                .split(' ')
+                .lines()
                 .find_map(|field| field.strip_prefix(name)?.strip_prefix('='));
             if theirs != Some(value.as_str()) {
                 return Err(FleetError::SettingsDiffer {

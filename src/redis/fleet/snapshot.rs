@@ -112,13 +112,7 @@ impl FleetSync {
                 delete.arg(keys.chunk(old.version, i));
             }
             let _: i64 = delete.query_async(&mut connection).await?;
-            let _: i64 = redis::cmd("XTRIM")
-                .arg(&keys.stream)
-                .arg("MINID")
-                .arg("~")
-                .arg(old.position.min(position))
-                .query_async(&mut connection)
-                .await?;
+            self.trim_before(old.position.min(position)).await?;
         }
         Ok(position)
     }
@@ -141,7 +135,7 @@ impl FleetSync {
                 Read::None => return Ok(None),
                 Read::Replaced => continue,
                 Read::Snapshot(position, set) => {
-                    if self.stream_trimmed_past(position).await? {
+                    if self.trimmed_to().await? > position {
                         return Ok(None);
                     }
                     let mut state = self.state();
@@ -165,23 +159,6 @@ impl FleetSync {
         Err(FleetError::KeptChanging {
             attempts: SNAPSHOT_READ_ATTEMPTS,
         })
-    }
-
-    async fn stream_trimmed_past(&self, position: StreamPosition) -> Result<bool, FleetError> {
-        let mut connection = self.inner.connection.get().await?;
-        let script = redis::Script::new(
-            "if redis.call('EXISTS', KEYS[1]) == 0 then return '0-0' end \
-             local info = redis.call('XINFO', 'STREAM', KEYS[1]) \
-             for i = 1, #info, 2 do \
-               if info[i] == 'max-deleted-entry-id' then return info[i + 1] end \
-             end \
-             return '0-0'",
-        );
-        let max_deleted: StreamPosition = script
-            .key(&self.inner.keys.stream)
-            .invoke_async(&mut connection)
-            .await?;
-        Ok(max_deleted > position)
     }
 
     async fn read_snapshot(&self) -> Result<Read, FleetError> {

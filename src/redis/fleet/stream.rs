@@ -18,25 +18,55 @@ const READ_COUNT: usize = 1_000;
 /// Wait before reconnecting after a failed read.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Reads the entries after `ARGV[1]` (up to `ARGV[2]`) together with what
-/// tells whether any were trimmed before this member read them, in one
-/// step: `{last, max_deleted, entries_added, entries}`.
-const READ_AFTER: &str = r"
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'0-0', '0-0', 0, {}} end
-local info = redis.call('XINFO', 'STREAM', KEYS[1])
-local last, deleted, added = '0-0', '0-0', 0
-for i = 1, #info, 2 do
-  if info[i] == 'last-generated-id' then last = info[i + 1]
-  elseif info[i] == 'max-deleted-entry-id' then deleted = info[i + 1]
-  elseif info[i] == 'entries-added' then added = info[i + 1] end
+/// Appends an entry, and trims the stream to about `ARGV[4]` entries,
+/// recording in `KEYS[2]` the newest entry it removed: stream trimming does
+/// not record that itself (`max-deleted-entry-id` counts only `XDEL`), and it
+/// is how a member knows whether entries after its position are gone. Trims
+/// in steps of a hundredth of the cap, so that most appends do not trim.
+const APPEND: &str = r"
+local id
+if ARGV[3] == '1' then
+  id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[1], 'm', ARGV[2], 'landed', '1')
+else
+  id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[1], 'm', ARGV[2])
 end
-return {last, deleted, added, redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])}
+local cap = tonumber(ARGV[4])
+local excess = redis.call('XLEN', KEYS[1]) - cap
+if excess > 0 and excess >= math.max(1, math.floor(cap / 100)) then
+  local doomed = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', excess + 1)
+  redis.call('SET', KEYS[2], doomed[excess][1])
+  redis.call('XTRIM', KEYS[1], 'MINID', doomed[excess + 1][1])
+end
+return id
+";
+
+/// Removes the entries before `ARGV[1]`, recording the newest it removed
+/// in `KEYS[2]` (as `APPEND` does).
+const TRIM_BEFORE: &str = r"
+local newest = redis.call('XREVRANGE', KEYS[1], '(' .. ARGV[1], '-', 'COUNT', 1)
+if newest[1] then
+  redis.call('SET', KEYS[2], newest[1][1])
+  redis.call('XTRIM', KEYS[1], 'MINID', ARGV[1])
+end
+return 0
+";
+
+/// Reads the entries after `ARGV[1]` (up to `ARGV[2]`) together with the
+/// newest entry ever trimmed, in one step: `{last, trimmed, entries}`.
+const READ_AFTER: &str = r"
+local trimmed = redis.call('GET', KEYS[2]) or '0-0'
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'0-0', trimmed, {}} end
+local last = '0-0'
+local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if newest[1] then last = newest[1][1] end
+return {last, trimmed, redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])}
 ";
 
 /// What one read found.
 struct Read {
     last: StreamPosition,
-    max_deleted: StreamPosition,
+    /// The newest entry trimmed from the stream.
+    trimmed: StreamPosition,
     entries: StreamRangeReply,
 }
 
@@ -56,30 +86,37 @@ impl FleetSync {
         landed: bool,
     ) -> Result<StreamPosition, FleetError> {
         let mut connection = self.inner.connection.get().await?;
-        let mut append = redis::cmd("XADD");
-        append
-            .arg(&self.inner.keys.stream)
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(self.inner.settings.stream_max_len)
-            .arg("*")
-            .arg("k")
+        Ok(Script::new(APPEND)
+            .key(&self.inner.keys.stream)
+            .key(&self.inner.keys.trimmed)
             .arg(key)
-            .arg("m")
-            .arg(&self.inner.member);
-        if landed {
-            append.arg("landed").arg(1);
-        }
-        Ok(append.query_async(&mut connection).await?)
+            .arg(&self.inner.member)
+            .arg(u8::from(landed))
+            .arg(self.inner.settings.stream_max_len)
+            .invoke_async(&mut connection)
+            .await?)
     }
 
-    /// Whether entries were ever trimmed from the stream.
-    pub(super) async fn stream_was_trimmed(&self) -> Result<bool, FleetError> {
+    /// Removes the stream's entries before `position`.
+    pub(super) async fn trim_before(&self, position: StreamPosition) -> Result<(), FleetError> {
         let mut connection = self.inner.connection.get().await?;
-        let read = self
-            .read_after(&mut connection, StreamPosition::START, 0)
+        let _: i64 = Script::new(TRIM_BEFORE)
+            .key(&self.inner.keys.stream)
+            .key(&self.inner.keys.trimmed)
+            .arg(position)
+            .invoke_async(&mut connection)
             .await?;
-        Ok(read.max_deleted > StreamPosition::START)
+        Ok(())
+    }
+
+    /// The newest entry ever trimmed from the stream (`START`: none).
+    pub(super) async fn trimmed_to(&self) -> Result<StreamPosition, FleetError> {
+        let mut connection = self.inner.connection.get().await?;
+        let trimmed: Option<StreamPosition> = redis::cmd("GET")
+            .arg(&self.inner.keys.trimmed)
+            .query_async(&mut connection)
+            .await?;
+        Ok(trimmed.unwrap_or_default())
     }
 
     async fn read_after<C: redis::aio::ConnectionLike>(
@@ -88,18 +125,19 @@ impl FleetSync {
         position: StreamPosition,
         count: usize,
     ) -> Result<Read, FleetError> {
-        let reply: (StreamPosition, StreamPosition, u64, Value) = Script::new(READ_AFTER)
+        let reply: (StreamPosition, StreamPosition, Value) = Script::new(READ_AFTER)
             .key(&self.inner.keys.stream)
+            .key(&self.inner.keys.trimmed)
             .arg(position)
             .arg(count.max(1))
             .invoke_async(connection)
             .await?;
-        let (last, max_deleted, _added, entries) = reply;
+        let (last, trimmed, entries) = reply;
         let entries = redis::from_redis_value(entries)
             .map_err(|_| FleetError::UnexpectedReply("stream entries"))?;
         Ok(Read {
             last,
-            max_deleted,
+            trimmed,
             entries,
         })
     }
@@ -166,10 +204,10 @@ impl FleetSync {
         let position = self.state().position;
         let read = self.read_after(connection, position, READ_COUNT).await?;
         let read_at = Instant::now();
-        if read.max_deleted > position {
+        if read.trimmed > position {
             tracing::warn!(
                 %position,
-                trimmed_to = %read.max_deleted,
+                trimmed_to = %read.trimmed,
                 "the insert stream was trimmed past this member: recovering from a snapshot"
             );
             return Ok(Next::Recover);

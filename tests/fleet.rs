@@ -1,0 +1,537 @@
+//! The fleet contract against a real `redis-server` per test, with the
+//! faults injected by the test: once a fleet write completes, no member
+//! answers `Absent` for its key, and a member that cannot show it caught up
+//! answers `MaybePresent` (fenced) meanwhile.
+//!
+//! Each scenario keeps a ledger of completed writes and an auditor that
+//! checks every completed key on the other members, over and over, for the
+//! whole scenario.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bloomguard::redis::fleet::{FleetHandle, FleetSync, FleetSyncBuilder};
+use bloomguard::redis::{FleetError, FleetWriteError, RedisSource};
+use bloomguard::{Guard, Lifecycle, RebuildPolicy, Verdict};
+use common::redis_server::RedisServer;
+use common::tcp_proxy::TcpProxy;
+use common::wait_until;
+use tokio_util::sync::CancellationToken;
+
+/// Short, so that scenarios about lapsed leases run in seconds.
+const LEASE: Duration = Duration::from_millis(600);
+
+fn guard(name: &str) -> Guard {
+    Guard::builder()
+        .name(name)
+        .expected_items(100_000)
+        .seed(0xf1ee7)
+        .build()
+        .unwrap()
+}
+
+struct Member {
+    fleet: FleetSync,
+    handle: FleetHandle,
+}
+
+impl Member {
+    fn guard(&self) -> &Guard {
+        self.fleet.guard()
+    }
+}
+
+async fn join(guard: Guard, client: redis::Client, fleet: &str) -> Member {
+    join_with(guard, client, fleet, |builder| builder).await
+}
+
+async fn join_with(
+    guard: Guard,
+    client: redis::Client,
+    fleet: &str,
+    configure: impl FnOnce(FleetSyncBuilder) -> FleetSyncBuilder,
+) -> Member {
+    let fleet = configure(FleetSync::builder(guard, client, fleet).lease(LEASE)).build();
+    let handle = fleet.join().await.unwrap();
+    Member { fleet, handle }
+}
+
+/// Waits until the member is caught up (not fenced).
+async fn caught_up(member: &Member) {
+    wait_until("the member to catch up", || !member.guard().is_fenced()).await;
+}
+
+/// A store of keys, and the keys whose fleet write completed.
+#[derive(Default, Clone)]
+struct Ledger {
+    store: Arc<Mutex<HashSet<String>>>,
+    completed: Arc<Mutex<Vec<String>>>,
+}
+
+impl Ledger {
+    /// Writes `key` through `via`; `true` once the write completed.
+    async fn write(&self, via: &FleetSync, key: String) -> bool {
+        let store = Arc::clone(&self.store);
+        let stored = key.clone();
+        let written = via
+            .insert_then_write(&key, async move { store.lock().unwrap().insert(stored) })
+            .await;
+        if written.is_ok() {
+            self.completed.lock().unwrap().push(key);
+        }
+        written.is_ok()
+    }
+
+    fn completed(&self) -> Vec<String> {
+        self.completed.lock().unwrap().clone()
+    }
+}
+
+/// What the auditor saw.
+#[derive(Debug, Default)]
+struct AuditReport {
+    /// Completed keys a member answered `Absent` for: must stay empty.
+    absent: Vec<String>,
+    rounds: u64,
+    /// Per member: a completed key was answered `MaybePresent` while fenced.
+    answered_fenced: Vec<bool>,
+}
+
+struct Audit {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<AuditReport>,
+}
+
+/// Checks every completed key on each of `members` until stopped.
+fn audit(ledger: &Ledger, members: Vec<Guard>) -> Audit {
+    let stop = CancellationToken::new();
+    let ledger = ledger.clone();
+    let stopped = stop.clone();
+    let task = tokio::spawn(async move {
+        let mut report = AuditReport {
+            answered_fenced: vec![false; members.len()],
+            ..AuditReport::default()
+        };
+        loop {
+            let last_round = stopped.is_cancelled();
+            // Only keys completed before the round starts.
+            let completed = ledger.completed();
+            for (i, member) in members.iter().enumerate() {
+                let fenced = member.is_fenced();
+                for key in &completed {
+                    match member.check(key) {
+                        Verdict::Absent => report.absent.push(format!("{}: {key}", member.name())),
+                        Verdict::MaybePresent if fenced => report.answered_fenced[i] = true,
+                        _ => {}
+                    }
+                }
+            }
+            report.rounds += 1;
+            if last_round {
+                return report;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+    Audit { stop, task }
+}
+
+impl Audit {
+    async fn finish(self) -> AuditReport {
+        self.stop.cancel();
+        let report = self.task.await.unwrap();
+        assert!(
+            report.absent.is_empty(),
+            "completed writes answered Absent ({} times), first: {:?}",
+            report.absent.len(),
+            &report.absent[..report.absent.len().min(5)]
+        );
+        assert!(report.rounds >= 1);
+        report
+    }
+}
+
+/// Writes `keys` through `via`, one after another, until done or stopped.
+fn keep_writing(ledger: &Ledger, via: &FleetSync, keys: Vec<String>) -> tokio::task::JoinHandle<u64> {
+    let (ledger, via) = (ledger.clone(), via.clone());
+    tokio::spawn(async move {
+        let mut completed = 0;
+        for key in keys {
+            completed += u64::from(ledger.write(&via, key).await);
+        }
+        completed
+    })
+}
+
+fn keys(prefix: &str, count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("{prefix}:{i}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_steady_state_no_member_answers_absent_for_a_completed_write() {
+    let server = RedisServer::start();
+    let a = join(guard("a"), server.client(), "steady").await;
+    let b = join(guard("b"), server.client(), "steady").await;
+    let c = join(guard("c"), server.client(), "steady").await;
+    for member in [&a, &b, &c] {
+        caught_up(member).await;
+    }
+    let ledger = Ledger::default();
+    let audit = audit(&ledger, vec![b.guard().clone(), c.guard().clone()]);
+    let written = keep_writing(&ledger, &a.fleet, keys("steady", 600)).await.unwrap();
+    audit.finish().await;
+    assert_eq!(written, 600, "every write completed");
+
+    let stats = a.fleet.stats();
+    assert_eq!(stats.local_inserts, 600);
+    assert!(stats.ack_latency_p99.is_some() && stats.members == 3, "{stats:?}");
+    // Each write's append, and a second one for a write slower than half
+    // the settle (the first waits out the new fleet's first lease).
+    wait_until("the others to count the inserts as remote", || {
+        b.fleet.stats().remote_inserts >= 600 && c.fleet.stats().remote_inserts >= 600
+    })
+    .await;
+    assert_eq!(a.fleet.stats().remote_inserts, 0, "{:?}", a.fleet.stats());
+    for member in [a, b, c] {
+        member.handle.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connections_cost_no_completed_write() {
+    let server = RedisServer::start();
+    let a = join(guard("a"), server.client(), "killed").await;
+    let b = join(guard("b"), server.client(), "killed").await;
+    caught_up(&b).await;
+    let ledger = Ledger::default();
+    let audit = audit(&ledger, vec![b.guard().clone()]);
+    let writer = keep_writing(&ledger, &a.fleet, keys("killed", 1_500));
+    let mut admin = server.client().get_connection().unwrap();
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for kind in ["normal", "pubsub"] {
+            let _: redis::Value = redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("TYPE")
+                .arg(kind)
+                .query(&mut admin)
+                .unwrap();
+        }
+    }
+    let written = writer.await.unwrap();
+    caught_up(&b).await;
+    audit.finish().await;
+    assert!(written > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_member_fences_itself_and_catches_up_after() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let a = join(guard("a"), server.client(), "stall").await;
+    let b = join(guard("b"), proxy.client(), "stall").await;
+    caught_up(&b).await;
+    let ledger = Ledger::default();
+    let audit = audit(&ledger, vec![b.guard().clone()]);
+    let writer = keep_writing(&ledger, &a.fleet, keys("before", 100));
+    assert_eq!(writer.await.unwrap(), 100);
+
+    proxy.stall();
+    // Writers wait at most a lease for the stalled member, then go on.
+    let writer = keep_writing(&ledger, &a.fleet, keys("during", 300));
+    wait_until("the stalled member to fence itself", || b.guard().is_fenced()).await;
+    assert_eq!(writer.await.unwrap(), 300, "writes go on without the stalled member");
+    tokio::time::sleep(Duration::from_secs(2)).await; // 3 s of stall in all
+    assert!(b.guard().is_fenced(), "still fenced while stalled");
+    proxy.resume();
+    caught_up(&b).await;
+    let report = audit.finish().await;
+    assert!(report.answered_fenced[0], "the fenced member answered MaybePresent");
+    assert!(b.fleet.stats().fences >= 2, "fenced at joining and at the stall");
+    for key in ledger.completed() {
+        assert_eq!(b.guard().check(&key), Verdict::MaybePresent, "{key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_costs_no_completed_write() {
+    let mut server = RedisServer::start();
+    let port = server.port;
+    let a = join(guard("a"), server.client(), "restart").await;
+    let b = join(guard("b"), server.client(), "restart").await;
+    caught_up(&b).await;
+    let ledger = Ledger::default();
+    let audit = audit(&ledger, vec![b.guard().clone()]);
+    assert_eq!(
+        keep_writing(&ledger, &a.fleet, keys("before", 200)).await.unwrap(),
+        200
+    );
+    server.kill();
+    // Writes made while Redis is gone fail, and are not made.
+    let ran = Arc::new(Mutex::new(false));
+    let flag = Arc::clone(&ran);
+    let refused = a
+        .fleet
+        .insert_then_write("while-down", async move { *flag.lock().unwrap() = true })
+        .await;
+    assert!(matches!(refused, Err(FleetWriteError::NotWritten(_))), "{refused:?}");
+    assert!(!*ran.lock().unwrap(), "a failed append does not run the write");
+    let _server = RedisServer::start_on(port);
+    let writer = keep_writing(&ledger, &a.fleet, keys("after", 300));
+    let written = writer.await.unwrap();
+    assert!(written > 200, "writes resume once Redis is back: {written}");
+    caught_up(&b).await;
+    audit.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_the_trimmed_stream_left_behind_recovers_from_a_snapshot() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let small = |builder: FleetSyncBuilder| {
+        builder
+            .stream_max_len(50)
+            .snapshot_chunk_bytes(16 << 10)
+    };
+    let a = join_with(guard("a"), server.client(), "trim", small).await;
+    let b = join_with(guard("b"), proxy.client(), "trim", small).await;
+    caught_up(&b).await;
+    let ledger = Ledger::default();
+    let audit = audit(&ledger, vec![b.guard().clone()]);
+    proxy.stall();
+    wait_until("the stalled member to fence itself", || b.guard().is_fenced()).await;
+    // Far more than the stream keeps, while B is away; no snapshot yet.
+    assert_eq!(
+        keep_writing(&ledger, &a.fleet, keys("away", 1_000)).await.unwrap(),
+        1_000
+    );
+    proxy.resume();
+    caught_up(&b).await;
+    audit.finish().await;
+    assert!(b.fleet.stats().recoveries >= 1, "{:?}", b.fleet.stats());
+    for key in ledger.completed() {
+        assert_eq!(b.guard().check(&key), Verdict::MaybePresent, "{key}");
+    }
+    // The snapshot B asked for, chunked, and only its chunks kept.
+    let mut connection = server.client().get_connection().unwrap();
+    let manifest: String = redis::cmd("GET")
+        .arg("{trim}:snapshot")
+        .query(&mut connection)
+        .unwrap();
+    let chunks: usize = manifest.split(' ').nth(2).unwrap().parse().unwrap();
+    assert!(chunks > 1, "chunked: {manifest}");
+}
+
+async fn a_joiner_gets_every_window(lifecycle: Lifecycle, expected_items: u64, fleet: &str) {
+    let server = RedisServer::start();
+    let make = |name: &str| {
+        Guard::builder()
+            .name(name)
+            .expected_items(expected_items)
+            .seed(0xf1ee7)
+            .lifecycle(lifecycle)
+            .build()
+            .unwrap()
+    };
+    let a = join(make("a"), server.client(), fleet).await;
+    caught_up(&a).await;
+    let ledger = Ledger::default();
+    for round in 0..3 {
+        keep_writing(&ledger, &a.fleet, keys(&format!("round{round}"), 2_000))
+            .await
+            .unwrap();
+        if matches!(lifecycle, Lifecycle::Rotate { .. }) {
+            a.guard().rotate().unwrap();
+        }
+    }
+    let filters = a.guard().live_filters().len();
+    assert!(filters >= 3, "{filters} filters");
+    a.fleet.publish_snapshot().await.unwrap();
+
+    let joiner = join(make("joiner"), server.client(), fleet).await;
+    caught_up(&joiner).await;
+    assert_eq!(joiner.guard().live_filters().len(), filters, "the whole set");
+    let audit = audit(&ledger, vec![joiner.guard().clone()]);
+    audit.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joiner_gets_every_window_of_a_rotating_guard() {
+    let lifecycle = Lifecycle::Rotate {
+        generations: 4,
+        period: Duration::from_secs(3_600),
+    };
+    a_joiner_gets_every_window(lifecycle, 100_000, "rotate").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joiner_gets_every_filter_of_a_grown_guard() {
+    let lifecycle = Lifecycle::Grow {
+        expansion: 2.0,
+        tightening: 0.5,
+    };
+    a_joiner_gets_every_window(lifecycle, 1_000, "grow").await;
+}
+
+fn guard_over_store(server: &RedisServer, name: &str) -> Guard {
+    Guard::builder()
+        .name(name)
+        .expected_items(100_000)
+        .seed(0xf1ee7)
+        .source(RedisSource::new(server.client(), "item:*").strip_prefix("item:"))
+        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::from_millis(250)))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_landing_after_the_settle_reaches_a_member_rebuilding_meanwhile() {
+    let server = RedisServer::start();
+    let a_guard = guard_over_store(&server, "a");
+    let b_guard = guard_over_store(&server, "b");
+    a_guard.rebuild().await.unwrap();
+    b_guard.rebuild().await.unwrap();
+    let a = join(a_guard, server.client(), "slow").await;
+    let b = join(b_guard, server.client(), "slow").await;
+    caught_up(&b).await;
+
+    let ledger = Ledger::default();
+    let audit = audit(&ledger, vec![b.guard().clone()]);
+    let rebuilding = {
+        let b = b.guard().clone();
+        tokio::spawn(async move {
+            for _ in 0..6 {
+                b.rebuild().await.unwrap();
+            }
+        })
+    };
+    let mut writes = Vec::new();
+    for i in 0..20 {
+        let (fleet, ledger, client) = (a.fleet.clone(), ledger.clone(), server.client());
+        writes.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(i * 40)).await;
+            let key = format!("{i}");
+            let write = async {
+                // The store write lands 400 ms after the insert.
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+                let () = redis::cmd("SET")
+                    .arg(format!("item:{key}"))
+                    .arg("v")
+                    .query_async(&mut connection)
+                    .await
+                    .unwrap();
+            };
+            fleet.insert_then_write(&key, write).await.unwrap();
+            ledger.completed.lock().unwrap().push(key);
+        }));
+    }
+    for write in writes {
+        write.await.unwrap();
+    }
+    rebuilding.await.unwrap();
+    b.guard().rebuild().await.unwrap();
+    audit.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joiner_leaves_warming_through_the_fleet_only_with_a_covering_snapshot() {
+    let server = RedisServer::start();
+    server.populate(0..5_000);
+    let a_guard = guard_over_store(&server, "a");
+    a_guard.rebuild().await.unwrap();
+    let a = join(a_guard, server.client(), "bulk").await;
+    caught_up(&a).await;
+    a.fleet.publish_snapshot().await.unwrap();
+
+    // B has a source but no build yet: the snapshot ends its warming.
+    let b = join(guard_over_store(&server, "b"), server.client(), "bulk").await;
+    caught_up(&b).await;
+    assert!(!b.guard().is_warming(), "a covering snapshot ends warming");
+    let stored: Vec<String> = (0..5_000).map(|i| i.to_string()).collect();
+    assert!(stored.iter().all(|key| !b.guard().check(key).is_absent()));
+
+    // Trim the stream past the snapshot, and leave no member to publish a new one.
+    let small = |builder: FleetSyncBuilder| builder.stream_max_len(10);
+    let writer = join_with(guard("w"), server.client(), "bulk", small).await;
+    a.handle.shutdown().await;
+    b.handle.shutdown().await;
+    let written: Vec<String> = (5_000..5_500).map(|i| i.to_string()).collect();
+    let mut store = server.client().get_multiplexed_async_connection().await.unwrap();
+    for key in &written {
+        let set = redis::cmd("SET").arg(format!("item:{key}")).arg("v").clone();
+        let mut store = store.clone();
+        let write = async move { set.query_async::<()>(&mut store).await };
+        writer.fleet.insert_then_write(key, write).await.unwrap().unwrap();
+    }
+    let _: redis::Value = redis::cmd("PING").query_async(&mut store).await.unwrap();
+    writer.handle.shutdown().await;
+
+    let c = join(guard_over_store(&server, "c"), server.client(), "bulk").await;
+    assert!(
+        c.guard().is_warming() || c.guard().is_fenced(),
+        "no covering snapshot: still warming (or fenced)"
+    );
+    assert_ne!(c.guard().check("0"), Verdict::Absent);
+    // Its own build (the recovery's) brings it in, stored keys and stream alike.
+    caught_up(&c).await;
+    assert!(!c.guard().is_warming());
+    assert!(stored.iter().all(|key| !c.guard().check(key).is_absent()));
+    assert!(written.iter().all(|key| !c.guard().check(key).is_absent()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_configured_otherwise_refuses_to_join() {
+    let server = RedisServer::start();
+    let _a = join(guard("a"), server.client(), "settings").await;
+    let other = Guard::builder()
+        .name("other")
+        .expected_items(100_000)
+        .seed(1)
+        .build()
+        .unwrap();
+    let refused = FleetSync::builder(other.clone(), server.client(), "settings")
+        .lease(LEASE)
+        .build()
+        .join()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, FleetError::SettingsDiffer { setting: "seed", .. }),
+        "{refused}"
+    );
+    assert!(!other.is_fenced(), "the guard is left as it was");
+
+    let other_lease = FleetSync::builder(guard("b"), server.client(), "settings")
+        .lease(LEASE * 2)
+        .build()
+        .join()
+        .await
+        .unwrap_err();
+    assert!(matches!(other_lease, FleetError::SettingsDiffer { setting: "lease_ms", .. }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_snapshot_is_refused_and_the_member_joins_from_the_stream() {
+    let server = RedisServer::start();
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("SET")
+        .arg("{bad}:snapshot")
+        .arg("0-1 7 1")
+        .query(&mut connection)
+        .unwrap();
+    let () = redis::cmd("SET")
+        .arg("{bad}:snapshot:7:0")
+        .arg("this is not a filter")
+        .query(&mut connection)
+        .unwrap();
+    let kept = guard("kept");
+    kept.insert("kept");
+    let member = join(kept, server.client(), "bad").await;
+    caught_up(&member).await;
+    assert_eq!(member.guard().check("kept"), Verdict::MaybePresent);
+    assert_eq!(member.guard().stats().swaps, 1, "nothing was swapped in");
+}

@@ -155,7 +155,11 @@ impl Audit {
 }
 
 /// Writes `keys` through `via`, one after another, until done or stopped.
-fn keep_writing(ledger: &Ledger, via: &FleetSync, keys: Vec<String>) -> tokio::task::JoinHandle<u64> {
+fn keep_writing(
+    ledger: &Ledger,
+    via: &FleetSync,
+    keys: Vec<String>,
+) -> tokio::task::JoinHandle<u64> {
     let (ledger, via) = (ledger.clone(), via.clone());
     tokio::spawn(async move {
         let mut completed = 0;
@@ -181,13 +185,18 @@ async fn in_steady_state_no_member_answers_absent_for_a_completed_write() {
     }
     let ledger = Ledger::default();
     let audit = audit(&ledger, vec![b.guard().clone(), c.guard().clone()]);
-    let written = keep_writing(&ledger, &a.fleet, keys("steady", 600)).await.unwrap();
+    let written = keep_writing(&ledger, &a.fleet, keys("steady", 600))
+        .await
+        .unwrap();
     audit.finish().await;
     assert_eq!(written, 600, "every write completed");
 
     let stats = a.fleet.stats();
     assert_eq!(stats.local_inserts, 600);
-    assert!(stats.ack_latency_p99.is_some() && stats.members == 3, "{stats:?}");
+    assert!(
+        stats.ack_latency_p99.is_some() && stats.members == 3,
+        "{stats:?}"
+    );
     // Each write's append, and a second one for a write slower than half
     // the settle (the first waits out the new fleet's first lease).
     wait_until("the others to count the inserts as remote", || {
@@ -242,15 +251,28 @@ async fn a_stalled_member_fences_itself_and_catches_up_after() {
     proxy.stall();
     // Writers wait at most a lease for the stalled member, then go on.
     let writer = keep_writing(&ledger, &a.fleet, keys("during", 300));
-    wait_until("the stalled member to fence itself", || b.guard().is_fenced()).await;
-    assert_eq!(writer.await.unwrap(), 300, "writes go on without the stalled member");
+    wait_until("the stalled member to fence itself", || {
+        b.guard().is_fenced()
+    })
+    .await;
+    assert_eq!(
+        writer.await.unwrap(),
+        300,
+        "writes go on without the stalled member"
+    );
     tokio::time::sleep(Duration::from_secs(2)).await; // 3 s of stall in all
     assert!(b.guard().is_fenced(), "still fenced while stalled");
     proxy.resume();
     caught_up(&b).await;
     let report = audit.finish().await;
-    assert!(report.answered_fenced[0], "the fenced member answered MaybePresent");
-    assert!(b.fleet.stats().fences >= 2, "fenced at joining and at the stall");
+    assert!(
+        report.answered_fenced[0],
+        "the fenced member answered MaybePresent"
+    );
+    assert!(
+        b.fleet.stats().fences >= 2,
+        "fenced at joining and at the stall"
+    );
     for key in ledger.completed() {
         assert_eq!(b.guard().check(&key), Verdict::MaybePresent, "{key}");
     }
@@ -266,7 +288,9 @@ async fn a_redis_restart_costs_no_completed_write() {
     let ledger = Ledger::default();
     let audit = audit(&ledger, vec![b.guard().clone()]);
     assert_eq!(
-        keep_writing(&ledger, &a.fleet, keys("before", 200)).await.unwrap(),
+        keep_writing(&ledger, &a.fleet, keys("before", 200))
+            .await
+            .unwrap(),
         200
     );
     server.kill();
@@ -277,8 +301,14 @@ async fn a_redis_restart_costs_no_completed_write() {
         .fleet
         .insert_then_write("while-down", async move { *flag.lock().unwrap() = true })
         .await;
-    assert!(matches!(refused, Err(FleetWriteError::NotWritten(_))), "{refused:?}");
-    assert!(!*ran.lock().unwrap(), "a failed append does not run the write");
+    assert!(
+        matches!(refused, Err(FleetWriteError::NotWritten(_))),
+        "{refused:?}"
+    );
+    assert!(
+        !*ran.lock().unwrap(),
+        "a failed append does not run the write"
+    );
     let _server = RedisServer::start_on(port);
     let writer = keep_writing(&ledger, &a.fleet, keys("after", 300));
     let written = writer.await.unwrap();
@@ -291,21 +321,23 @@ async fn a_redis_restart_costs_no_completed_write() {
 async fn a_member_the_trimmed_stream_left_behind_recovers_from_a_snapshot() {
     let server = RedisServer::start();
     let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
-    let small = |builder: FleetSyncBuilder| {
-        builder
-            .stream_max_len(50)
-            .snapshot_chunk_bytes(16 << 10)
-    };
+    let small =
+        |builder: FleetSyncBuilder| builder.stream_max_len(50).snapshot_chunk_bytes(16 << 10);
     let a = join_with(guard("a"), server.client(), "trim", small).await;
     let b = join_with(guard("b"), proxy.client(), "trim", small).await;
     caught_up(&b).await;
     let ledger = Ledger::default();
     let audit = audit(&ledger, vec![b.guard().clone()]);
     proxy.stall();
-    wait_until("the stalled member to fence itself", || b.guard().is_fenced()).await;
+    wait_until("the stalled member to fence itself", || {
+        b.guard().is_fenced()
+    })
+    .await;
     // Far more than the stream keeps, while B is away; no snapshot yet.
     assert_eq!(
-        keep_writing(&ledger, &a.fleet, keys("away", 1_000)).await.unwrap(),
+        keep_writing(&ledger, &a.fleet, keys("away", 1_000))
+            .await
+            .unwrap(),
         1_000
     );
     proxy.resume();
@@ -353,7 +385,11 @@ async fn a_joiner_gets_every_window(lifecycle: Lifecycle, expected_items: u64, f
 
     let joiner = join(make("joiner"), server.client(), fleet).await;
     caught_up(&joiner).await;
-    assert_eq!(joiner.guard().live_filters().len(), filters, "the whole set");
+    assert_eq!(
+        joiner.guard().live_filters().len(),
+        filters,
+        "the whole set"
+    );
     let audit = audit(&ledger, vec![joiner.guard().clone()]);
     audit.finish().await;
 }
@@ -460,12 +496,24 @@ async fn a_joiner_leaves_warming_through_the_fleet_only_with_a_covering_snapshot
     a.handle.shutdown().await;
     b.handle.shutdown().await;
     let written: Vec<String> = (5_000..5_500).map(|i| i.to_string()).collect();
-    let mut store = server.client().get_multiplexed_async_connection().await.unwrap();
+    let mut store = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
     for key in &written {
-        let set = redis::cmd("SET").arg(format!("item:{key}")).arg("v").clone();
+        let set = redis::cmd("SET")
+            .arg(format!("item:{key}"))
+            .arg("v")
+            .clone();
         let mut store = store.clone();
         let write = async move { set.query_async::<()>(&mut store).await };
-        writer.fleet.insert_then_write(key, write).await.unwrap().unwrap();
+        writer
+            .fleet
+            .insert_then_write(key, write)
+            .await
+            .unwrap()
+            .unwrap();
     }
     let _: redis::Value = redis::cmd("PING").query_async(&mut store).await.unwrap();
     writer.handle.shutdown().await;
@@ -500,7 +548,13 @@ async fn a_member_configured_otherwise_refuses_to_join() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&refused, FleetError::SettingsDiffer { setting: "seed", .. }),
+        matches!(
+            &refused,
+            FleetError::SettingsDiffer {
+                setting: "seed",
+                ..
+            }
+        ),
         "{refused}"
     );
     assert!(!other.is_fenced(), "the guard is left as it was");
@@ -511,7 +565,13 @@ async fn a_member_configured_otherwise_refuses_to_join() {
         .join()
         .await
         .unwrap_err();
-    assert!(matches!(other_lease, FleetError::SettingsDiffer { setting: "lease_ms", .. }));
+    assert!(matches!(
+        other_lease,
+        FleetError::SettingsDiffer {
+            setting: "lease_ms",
+            ..
+        }
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

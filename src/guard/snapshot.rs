@@ -177,7 +177,11 @@ impl Guard {
             ("lifecycle", format!("{:?}", self.inner.lifecycle)),
             (
                 "write_settle_ms",
-                self.inner.rebuild_policy.write_settle.as_millis().to_string(),
+                self.inner
+                    .rebuild_policy
+                    .write_settle
+                    .as_millis()
+                    .to_string(),
             ),
         ]
     }
@@ -212,7 +216,11 @@ mod tests {
         let decoded = LiveSnapshot::from_bytes(&bytes).unwrap();
         assert_eq!(decoded.filters.len(), 2);
 
-        let other = Guard::builder().expected_items(1_000).seed(9).build().unwrap();
+        let other = Guard::builder()
+            .expected_items(1_000)
+            .seed(9)
+            .build()
+            .unwrap();
         other.replace_from_snapshot(decoded, true).unwrap();
         assert!(other.is_fenced(), "replaced sets start fenced");
         other.set_fenced(false);
@@ -221,15 +229,26 @@ mod tests {
         assert!(!other.check("new").is_absent());
 
         for cut in [0, 3, 9, bytes.len() - 1] {
-            assert!(LiveSnapshot::from_bytes(&bytes[..cut]).is_err(), "cut at {cut}");
+            assert!(
+                LiveSnapshot::from_bytes(&bytes[..cut]).is_err(),
+                "cut at {cut}"
+            );
         }
     }
 
     #[test]
     fn a_set_of_another_seed_is_refused() {
-        let guard = Guard::builder().expected_items(1_000).seed(1).build().unwrap();
+        let guard = Guard::builder()
+            .expected_items(1_000)
+            .seed(1)
+            .build()
+            .unwrap();
         let snapshot = LiveSnapshot::from_bytes(&guard.encode_live_set().unwrap()).unwrap();
-        let other = Guard::builder().expected_items(1_000).seed(2).build().unwrap();
+        let other = Guard::builder()
+            .expected_items(1_000)
+            .seed(2)
+            .build()
+            .unwrap();
         assert!(other.replace_from_snapshot(snapshot, true).is_err());
         assert!(!other.is_fenced());
     }

@@ -42,7 +42,10 @@ impl TcpProxy {
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
                 for (from, to) in [
-                    (Box::new(client_read) as Reader, Box::new(server_write) as Writer),
+                    (
+                        Box::new(client_read) as Reader,
+                        Box::new(server_write) as Writer,
+                    ),
                     (Box::new(server_read), Box::new(client_write)),
                 ] {
                     let stalled = accepting.stalled.subscribe();

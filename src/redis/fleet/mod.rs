@@ -400,7 +400,10 @@ impl FleetSync {
     ///
     /// # Errors
     /// As [`join`](Self::join).
-    pub async fn join_until(&self, shutdown: &CancellationToken) -> Result<FleetHandle, FleetError> {
+    pub async fn join_until(
+        &self,
+        shutdown: &CancellationToken,
+    ) -> Result<FleetHandle, FleetError> {
         self.join_with(Some(shutdown)).await
     }
 

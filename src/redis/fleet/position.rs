@@ -83,7 +83,11 @@ mod tests {
         assert_eq!(early.to_string(), "1700000000000-3");
         assert_eq!(early.millis_behind(late), 1);
         for bad in ["", "12", "a-1", "1-b", "1-2-3"] {
-            assert_eq!(bad.parse::<StreamPosition>(), Err(InvalidStreamPosition), "{bad}");
+            assert_eq!(
+                bad.parse::<StreamPosition>(),
+                Err(InvalidStreamPosition),
+                "{bad}"
+            );
         }
     }
 }

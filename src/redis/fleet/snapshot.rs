@@ -127,7 +127,9 @@ impl FleetSync {
     /// A snapshot that does not decode, or whose filters have another seed,
     /// is refused ([`FleetError::Decode`], [`FleetError::Incompatible`]) and
     /// the guard keeps what it has; [`FleetError::KeptChanging`].
-    pub(super) async fn load_covering_snapshot(&self) -> Result<Option<StreamPosition>, FleetError> {
+    pub(super) async fn load_covering_snapshot(
+        &self,
+    ) -> Result<Option<StreamPosition>, FleetError> {
         // A publish that replaces the snapshot while we read it deletes the
         // chunks we are reading: read the new one then.
         for _ in 0..SNAPSHOT_READ_ATTEMPTS {
@@ -150,7 +152,8 @@ impl FleetSync {
                     let reached = state.position;
                     state.position = position;
                     if reached > position {
-                        state.catch_up_to = Some(state.catch_up_to.unwrap_or_default().max(reached));
+                        state.catch_up_to =
+                            Some(state.catch_up_to.unwrap_or_default().max(reached));
                     }
                     return Ok(Some(position));
                 }

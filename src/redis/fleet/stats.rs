@@ -48,7 +48,9 @@ impl FleetCounters {
     }
 
     pub(super) fn record_ack(&self, latency: Duration) {
-        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX).max(1);
+        let micros = u64::try_from(latency.as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
         self.acks
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -101,10 +103,7 @@ impl FleetSync {
                 state.position,
                 state.lag_entries,
                 Duration::from_millis(state.position.millis_behind(state.stream_end)),
-                state
-                    .fence_at
-                    .and(state.renewed_at)
-                    .map(|at| at.elapsed()),
+                state.fence_at.and(state.renewed_at).map(|at| at.elapsed()),
                 state.members,
                 state.fenced,
             )
@@ -113,9 +112,8 @@ impl FleetSync {
             .acks
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let quantile = |q: f64| {
-            (!acks.is_empty()).then(|| Duration::from_micros(acks.value_at_quantile(q)))
-        };
+        let quantile =
+            |q: f64| (!acks.is_empty()).then(|| Duration::from_micros(acks.value_at_quantile(q)));
         FleetStats {
             fenced,
             fences: counters.fences.load(Ordering::Relaxed),

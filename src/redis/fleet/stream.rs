@@ -221,7 +221,10 @@ impl FleetSync {
             }
             let from: Option<String> = entry.get("m");
             remote += u64::from(from.as_deref() != Some(self.inner.member.as_str()));
-            newest = entry.id.parse().map_err(|_| FleetError::UnexpectedReply("stream id"))?;
+            newest = entry
+                .id
+                .parse()
+                .map_err(|_| FleetError::UnexpectedReply("stream id"))?;
         }
         self.inner.counters.count_remote_inserts(remote);
         let stranded = {
@@ -277,7 +280,10 @@ impl FleetSync {
 
     /// Blocks until an entry after this member's position exists (or a
     /// quarter lease passed, to keep the consumer's heartbeat going).
-    async fn wait_for_entries(&self, connection: &mut MultiplexedConnection) -> Result<(), FleetError> {
+    async fn wait_for_entries(
+        &self,
+        connection: &mut MultiplexedConnection,
+    ) -> Result<(), FleetError> {
         let position = self.state().position;
         let block = self.inner.settings.lease / 4;
         let _: Value = redis::cmd("XREAD")
@@ -362,7 +368,10 @@ impl FleetSync {
     pub(super) async fn listen(&self) {
         loop {
             if let Ok(mut subscription) = self.inner.client.get_async_pubsub().await
-                && subscription.subscribe(&self.inner.keys.notices).await.is_ok()
+                && subscription
+                    .subscribe(&self.inner.keys.notices)
+                    .await
+                    .is_ok()
             {
                 let mut notices = subscription.on_message();
                 while let Some(notice) = notices.next().await {

@@ -68,6 +68,21 @@ pub const SHADOWED_ABSENT_TOTAL: &str = "bloomguard_shadowed_absent_total";
 /// Keys the backend found after an `Absent` answer in shadow mode.
 pub const WOULD_BE_FALSE_NEGATIVES_TOTAL: &str = "bloomguard_would_be_false_negatives_total";
 
+/// 1 while the guard's fleet member is fenced (answering every check "maybe").
+pub const FLEET_FENCED: &str = "bloomguard_fleet_fenced";
+/// Fleet inserts, by `origin` (`local`: made through this member; `remote`: applied from others).
+pub const FLEET_INSERTS_TOTAL: &str = "bloomguard_fleet_inserts_total";
+/// Stream entries the member's last read found behind its position.
+pub const FLEET_LAG_ENTRIES: &str = "bloomguard_fleet_lag_entries";
+/// How far the member's position is behind the stream's newest entry.
+pub const FLEET_LAG_SECONDS: &str = "bloomguard_fleet_lag_seconds";
+/// Time since the member's lease was last renewed.
+pub const FLEET_LEASE_AGE_SECONDS: &str = "bloomguard_fleet_lease_age_seconds";
+/// Members holding a live lease.
+pub const FLEET_MEMBERS: &str = "bloomguard_fleet_members";
+/// Time from a fleet write's append to its acknowledgement by every member.
+pub const FLEET_ACK_SECONDS: &str = "bloomguard_fleet_ack_seconds";
+
 /// Describes every metric (name, unit, help) to the installed recorder;
 /// [`Guard::publish_metrics`] calls it each time, so a recorder installed
 /// late still learns the units.
@@ -160,6 +175,37 @@ pub fn describe() {
         Unit::Count,
         "Keys found by the backend after an absent verdict in shadow mode"
     );
+    describe_gauge!(
+        FLEET_FENCED,
+        Unit::Count,
+        "1 while the fleet member is fenced (behind acknowledged inserts: every check passes)"
+    );
+    describe_counter!(
+        FLEET_INSERTS_TOTAL,
+        Unit::Count,
+        "Fleet inserts, by origin (local or remote)"
+    );
+    describe_gauge!(
+        FLEET_LAG_ENTRIES,
+        Unit::Count,
+        "Stream entries the last read found behind the member's position"
+    );
+    describe_gauge!(
+        FLEET_LAG_SECONDS,
+        Unit::Seconds,
+        "How far the member's position is behind the stream's newest entry"
+    );
+    describe_gauge!(
+        FLEET_LEASE_AGE_SECONDS,
+        Unit::Seconds,
+        "Time since the member's lease was last renewed"
+    );
+    describe_gauge!(FLEET_MEMBERS, Unit::Count, "Members holding a live lease");
+    describe_histogram!(
+        FLEET_ACK_SECONDS,
+        Unit::Seconds,
+        "Time from a fleet write's append to its acknowledgement by every member"
+    );
 }
 
 impl Guard {
@@ -223,6 +269,34 @@ impl Guard {
         counter!(WOULD_BE_FALSE_NEGATIVES_TOTAL, "guard" => name)
             .absolute(stats.would_be_false_negatives);
     }
+}
+
+#[cfg(feature = "redis")]
+impl crate::redis::FleetSync {
+    /// Publishes the member's [`stats`](Self::stats) to the installed
+    /// `metrics` recorder; the member's tasks call it at every lease renewal.
+    pub fn publish_metrics(&self) {
+        describe();
+        let stats = self.stats();
+        let name = self.guard().name().to_owned();
+        gauge!(FLEET_FENCED, "guard" => name.clone()).set(f64::from(u8::from(stats.fenced)));
+        counter!(FLEET_INSERTS_TOTAL, "guard" => name.clone(), "origin" => "local")
+            .absolute(stats.local_inserts);
+        counter!(FLEET_INSERTS_TOTAL, "guard" => name.clone(), "origin" => "remote")
+            .absolute(stats.remote_inserts);
+        gauge!(FLEET_LAG_ENTRIES, "guard" => name.clone()).set(stats.lag_entries as f64);
+        gauge!(FLEET_LAG_SECONDS, "guard" => name.clone()).set(stats.lag.as_secs_f64());
+        if let Some(age) = stats.lease_age {
+            gauge!(FLEET_LEASE_AGE_SECONDS, "guard" => name.clone()).set(age.as_secs_f64());
+        }
+        gauge!(FLEET_MEMBERS, "guard" => name).set(stats.members as f64);
+    }
+}
+
+/// Records how long a fleet write waited for its acknowledgement.
+#[cfg(feature = "redis")]
+pub(crate) fn record_fleet_ack(guard: &str, latency: std::time::Duration) {
+    histogram!(FLEET_ACK_SECONDS, "guard" => guard.to_owned()).record(latency.as_secs_f64());
 }
 
 /// Marks the guard's maintenance as stopped, from the task's last breath

@@ -595,3 +595,49 @@ async fn a_bad_snapshot_is_refused_and_the_member_joins_from_the_stream() {
     assert_eq!(member.guard().check("kept"), Verdict::MaybePresent);
     assert_eq!(member.guard().stats().swaps, 1, "nothing was swapped in");
 }
+
+#[cfg(feature = "metrics")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_member_publishes_its_standing_as_metrics() {
+    use bloomguard::metrics::{FLEET_FENCED, FLEET_INSERTS_TOTAL, FLEET_MEMBERS};
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let server = RedisServer::start();
+    let a = join(guard("a"), server.client(), "metrics").await;
+    let b = join(guard("b"), server.client(), "metrics").await;
+    caught_up(&a).await;
+    caught_up(&b).await;
+    let ledger = Ledger::default();
+    keep_writing(&ledger, &a.fleet, keys("m", 5)).await.unwrap();
+    wait_until("the lease renewal to count both members", || {
+        a.fleet.stats().members == 2
+    })
+    .await;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || a.fleet.publish_metrics());
+    let mut values = std::collections::HashMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let (_, key) = key.into_parts();
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        assert!(labels.contains(&"guard=a".to_owned()), "{key:?}");
+        values.insert((key.name().to_owned(), labels.join(",")), value);
+    }
+    let value = |name: &str, labels: &str| values.get(&(name.to_owned(), labels.to_owned()));
+    assert_eq!(
+        value(FLEET_FENCED, "guard=a"),
+        Some(&DebugValue::Gauge(0.0.into()))
+    );
+    assert_eq!(
+        value(FLEET_MEMBERS, "guard=a"),
+        Some(&DebugValue::Gauge(2.0.into()))
+    );
+    assert!(matches!(
+        value(FLEET_INSERTS_TOTAL, "guard=a,origin=local"),
+        Some(DebugValue::Counter(n)) if *n == 5
+    ));
+}

@@ -168,7 +168,10 @@ impl FleetSync {
                 .invoke_async(&mut connection)
                 .await?;
             if behind == 0 {
-                self.inner.counters.record_ack(started.elapsed());
+                let latency = started.elapsed();
+                self.inner.counters.record_ack(latency);
+                #[cfg(feature = "metrics")]
+                crate::metrics::record_fleet_ack(self.inner.guard.name(), latency);
                 return Ok(());
             }
             let waited = started.elapsed();
@@ -198,6 +201,8 @@ impl FleetSync {
                     Err(error) => tracing::debug!(%error, "lease not renewed"),
                 }
             }
+            #[cfg(feature = "metrics")]
+            self.publish_metrics();
             tokio::time::sleep(period).await;
         }
     }

@@ -113,6 +113,11 @@ pub(crate) struct Args {
     /// embedded in-memory store when unset.
     #[arg(long, env = "REDIS_URL")]
     pub(crate) redis_url: Option<String>,
+    /// Service instances, each with its own guard, joined as one fleet
+    /// through Redis (needs `REDIS_URL`): requests are spread over them and
+    /// each batch of history writes goes through the next one.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) instances: usize,
     /// Where to write the picture (SVG).
     #[arg(long, default_value = "target/seen_items.svg")]
     pub(crate) chart: PathBuf,
@@ -183,6 +188,12 @@ impl Args {
         if self.duration.is_zero() || self.window.is_zero() {
             return Err("--duration and --window must be longer than zero".into());
         }
+        if self.instances == 0 {
+            return Err("--instances must be at least 1".into());
+        }
+        if self.instances > 1 && (self.redis_url.is_none() || cfg!(not(feature = "redis"))) {
+            return Err("--instances above 1 needs Redis (REDIS_URL, and the `redis` feature): the fleet syncs through it".into());
+        }
         if self.audit_every == 0 {
             return Err("--audit-every must be at least 1 (1 audits every request)".into());
         }
@@ -233,19 +244,35 @@ pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error
         started.elapsed()
     );
 
-    let guard = args.guard_builder().source(store.source()).build()?;
-    let maintenance = Maintenance::start(guard.clone());
     let started = Instant::now();
-    guard.ready_within(Duration::from_secs(300)).await?;
+    let guards = (0..args.instances)
+        .map(|i| {
+            let name = match args.instances {
+                1 => "seen_items".to_owned(),
+                _ => format!("seen_items-{i}"),
+            };
+            args.guard_builder().name(name).source(store.source()).build()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let maintenance: Vec<Maintenance> = guards.iter().cloned().map(Maintenance::start).collect();
+    for guard in &guards {
+        guard.ready_within(Duration::from_secs(300)).await?;
+    }
+    let guard = &guards[0];
     let stats = guard.stats();
     println!(
-        "guard: first build from the store in {:.1?}: {} keys, {:.1} MiB, k sized for {:.2} % (estimated {:.3} %)",
+        "guard: first build from the store in {:.1?}: {} keys, {:.1} MiB, k sized for {:.2} % (estimated {:.3} %){}",
         started.elapsed(),
         stats.last_rebuild.as_ref().map_or(0, |report| report.keys),
         stats.memory_bytes as f64 / f64::from(1 << 20),
         100.0 * args.fpr,
         100.0 * stats.estimated_fpr,
+        match args.instances {
+            1 => String::new(),
+            n => format!(", in each of {n} instances"),
+        }
     );
+    let fleet = Fleet::join(&store, &guards).await?;
 
     let pacing = Pacing {
         duration: args.duration,
@@ -260,7 +287,15 @@ pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error
         },
         show_progress: !args.quiet,
     };
-    let guarded = replay::run(&workload, &store, Some(&guard), &pacing, args.seed).await?;
+    let guarded = replay::run(
+        &workload,
+        &store,
+        &guards,
+        &fleet.members,
+        &pacing,
+        args.seed,
+    )
+    .await?;
     // The live filters only: a rebuild still running at the end would add
     // its shadow filter, which is gone once it swaps.
     let filter_bytes = guard
@@ -268,12 +303,15 @@ pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error
         .iter()
         .map(|filter| filter.memory_bytes())
         .sum();
-    maintenance.stop();
+    fleet.leave().await;
+    for task in maintenance {
+        task.stop();
+    }
     let history_after = workload.truth.len();
     let baseline = if args.no_baseline {
         None
     } else {
-        Some(replay::run(&workload, &store, None, &pacing, args.seed).await?)
+        Some(replay::run(&workload, &store, &[], &[], &pacing, args.seed).await?)
     };
 
     // The keys the store holds now (in rotation mode, the unexpired ones).
@@ -357,6 +395,75 @@ impl Args {
                     .expected_items((seen_per_period * self.headroom) as u64)
                     .lifecycle(Lifecycle::rotate(GENERATIONS, period))
                     .rebuild_policy(RebuildPolicy::default())
+            }
+        }
+    }
+}
+
+/// The instances' fleet memberships (`--instances`), their tasks on a
+/// runtime of their own threads.
+struct Fleet {
+    members: Vec<replay::Fleet>,
+    #[cfg(feature = "redis")]
+    handles: Vec<bloomguard::redis::FleetHandle>,
+    #[cfg(feature = "redis")]
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Fleet {
+    /// Joins the guards as one fleet when there are several (on the Redis
+    /// store, which `Args::check` made sure of).
+    #[cfg_attr(not(feature = "redis"), allow(clippy::unused_async))]
+    async fn join(store: &SeenStore, guards: &[Guard]) -> Result<Self, Box<dyn std::error::Error>> {
+        #[cfg(feature = "redis")]
+        if let (true, Backend::Redis(redis)) = (guards.len() > 1, store.backend()) {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()?;
+            let mut members = Vec::new();
+            let mut handles = Vec::new();
+            for guard in guards {
+                let member = bloomguard::redis::FleetSync::builder(
+                    guard.clone(),
+                    redis.client(),
+                    store::FLEET,
+                )
+                .build();
+                let joining = member.clone();
+                handles.push(runtime.spawn(async move { joining.join().await }).await??);
+                members.push(member);
+            }
+            for member in &members {
+                while member.guard().is_fenced() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+            println!("fleet: {} instances joined through Redis", members.len());
+            return Ok(Self {
+                members,
+                handles,
+                runtime: Some(runtime),
+            });
+        }
+        let _ = (store, guards);
+        Ok(Self {
+            members: Vec::new(),
+            #[cfg(feature = "redis")]
+            handles: Vec::new(),
+            #[cfg(feature = "redis")]
+            runtime: None,
+        })
+    }
+
+    async fn leave(self) {
+        #[cfg(feature = "redis")]
+        {
+            for handle in self.handles {
+                handle.shutdown().await;
+            }
+            if let Some(runtime) = self.runtime {
+                runtime.shutdown_background();
             }
         }
     }

@@ -34,6 +34,31 @@ pub(crate) struct Pacing {
     pub(crate) show_progress: bool,
 }
 
+/// A fleet member (`--instances`); without the `redis` feature there are none.
+#[cfg(feature = "redis")]
+pub(crate) type Fleet = bloomguard::redis::FleetSync;
+#[cfg(not(feature = "redis"))]
+pub(crate) type Fleet = std::convert::Infallible;
+
+/// What a fleet's members measured over a phase.
+#[derive(Debug, Clone)]
+pub(crate) struct FleetFigures {
+    pub(crate) instances: usize,
+    /// Time each batch of history writes waited for every member to apply it, sorted.
+    pub(crate) acknowledgements: Vec<Duration>,
+    /// The largest lag any member showed in the samples.
+    pub(crate) largest_lag: Duration,
+}
+
+impl FleetFigures {
+    pub(crate) fn ack_quantile(&self, q: f64) -> Duration {
+        let Some(last) = self.acknowledgements.len().checked_sub(1) else {
+            return Duration::ZERO;
+        };
+        self.acknowledgements[(q * last as f64).round() as usize]
+    }
+}
+
 /// The guard's state at one moment of a guarded phase.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Sample {
@@ -84,6 +109,8 @@ pub(crate) struct Phase {
     pub(crate) latencies: Vec<u64>,
     pub(crate) timeline: Vec<Sample>,
     pub(crate) events: Vec<Event>,
+    /// With `--instances`: the fleet's figures.
+    pub(crate) fleet: Option<FleetFigures>,
 }
 
 impl Phase {
@@ -115,7 +142,13 @@ struct Tally {
 struct Run {
     workload: Arc<Workload>,
     store: SeenStore,
-    gate: Option<GuardedLoader<String, SeenStore>>,
+    /// One per instance; none in the unguarded phase. Worker `i` asks gate
+    /// `i % n`, as a load balancer would spread requests.
+    gates: Vec<GuardedLoader<String, SeenStore>>,
+    /// One per instance when the guards form a fleet: history write batch
+    /// `b` goes through member `b % n`.
+    fleets: Vec<Fleet>,
+    acknowledgements: std::sync::Mutex<Vec<Duration>>,
     pacing: Pacing,
     started: Instant,
     deadline: Instant,
@@ -125,36 +158,42 @@ struct Run {
 }
 
 impl Run {
-    /// The guard in front of the store, in a guarded phase.
+    /// The first instance's guard, in a guarded phase: the one sampled.
     fn guard(&self) -> Option<&Guard> {
-        self.gate.as_ref().map(GuardedLoader::guard)
+        self.gates.first().map(GuardedLoader::guard)
     }
 }
 
 /// Runs one phase: `pacing.concurrency` workers on the current runtime
-/// (one thread), each issuing requests until the deadline.
+/// (one thread), each issuing requests until the deadline, through the
+/// `guards` (none: the unguarded phase), which form a fleet when `fleets`
+/// has one member per guard.
 pub(crate) async fn run(
     workload: &Arc<Workload>,
     store: &SeenStore,
-    guard: Option<&Guard>,
+    guards: &[Guard],
+    fleets: &[Fleet],
     pacing: &Pacing,
     seed: u64,
 ) -> Result<Phase, String> {
     let lookups_before = store.lookups();
+    let guard = guards.first();
     let stats_before = guard.map(Guard::stats);
-    let gate = match guard {
-        Some(guard) => Some(
+    let gates = guards
+        .iter()
+        .map(|guard| {
             GuardedLoader::new(guard.clone(), store.clone())
                 .verify(pacing.verify)
-                .map_err(|error| error.to_string())?,
-        ),
-        None => None,
-    };
+                .map_err(|error| error.to_string())
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let started = Instant::now();
     let run = Arc::new(Run {
         workload: Arc::clone(workload),
         store: store.clone(),
-        gate,
+        gates,
+        fleets: fleets.to_vec(),
+        acknowledgements: std::sync::Mutex::new(Vec::new()),
         pacing: pacing.clone(),
         started,
         deadline: started + pacing.duration,
@@ -175,7 +214,16 @@ pub(crate) async fn run(
     let elapsed = started.elapsed();
     writer.await.map_err(|error| error.to_string())??;
     run.finished.store(true, Ordering::Release);
-    let (timeline, events) = observing.await.map_err(|error| error.to_string())?;
+    let (timeline, events, largest_lag) = observing.await.map_err(|error| error.to_string())?;
+    let fleet = (!fleets.is_empty()).then(|| {
+        let mut acknowledgements = std::mem::take(&mut *run.acknowledgements.lock().unwrap());
+        acknowledgements.sort_unstable();
+        FleetFigures {
+            instances: fleets.len(),
+            acknowledgements,
+            largest_lag,
+        }
+    });
     latencies.sort_unstable();
     let (store_keys, store_calls) = store.lookups_since(lookups_before);
     let tally = &run.tally;
@@ -212,6 +260,7 @@ pub(crate) async fn run(
         latencies,
         timeline,
         events,
+        fleet,
     })
 }
 
@@ -263,7 +312,7 @@ async fn worker(
         } else {
             Vec::new()
         };
-        let answers: Vec<bool> = match &run.gate {
+        let answers: Vec<bool> = match run.gates.get(id % run.gates.len().max(1)) {
             Some(gate) => gate
                 .contains_many(&keys)
                 .await
@@ -336,10 +385,13 @@ const WRITE_BATCH: usize = 512;
 
 /// Writes what users saw, batched as an impression log would be: guard first,
 /// then the store (the ordering rule), and the pending writes hold a
-/// rebuild's scan until the store has them. Ends when every worker has.
+/// rebuild's scan until the store has them. In a fleet, each batch goes
+/// through the next member, and counts as written once the fleet
+/// acknowledged it. Ends when every worker has.
 async fn write_seen(run: Arc<Run>, mut seen: mpsc::Receiver<Vec<u64>>) -> Result<(), String> {
     let mut batch = Vec::with_capacity(WRITE_BATCH);
-    while let Some(pairs) = seen.recv().await {
+    for batch_number in 0usize.. {
+        let Some(pairs) = seen.recv().await else { break };
         batch.extend(pairs);
         while batch.len() < WRITE_BATCH {
             let Ok(more) = seen.try_recv() else { break };
@@ -347,16 +399,24 @@ async fn write_seen(run: Arc<Run>, mut seen: mpsc::Receiver<Vec<u64>>) -> Result
         }
         let keys: Vec<String> = batch.iter().map(|&pair| seen_key(pair)).collect();
         let written_at = Instant::now();
-        let pending: Vec<_> = run
-            .guard()
-            .into_iter()
-            .flat_map(|guard| keys.iter().map(|key| guard.begin_write(key)))
-            .collect();
-        run.store.write(&keys).await?;
+        match run.fleets.get(batch_number % run.fleets.len().max(1)) {
+            Some(fleet) => {
+                let acknowledged = write_through(fleet, &run.store, &keys).await?;
+                run.acknowledgements.lock().unwrap().push(acknowledged);
+            }
+            None => {
+                let pending: Vec<_> = run
+                    .guard()
+                    .into_iter()
+                    .flat_map(|guard| keys.iter().map(|key| guard.begin_write(key)))
+                    .collect();
+                run.store.write(&keys).await?;
+                drop(pending);
+            }
+        }
         for &pair in &batch {
             run.workload.truth.record(pair, written_at);
         }
-        drop(pending);
         run.tally
             .written
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -365,13 +425,44 @@ async fn write_seen(run: Arc<Run>, mut seen: mpsc::Receiver<Vec<u64>>) -> Result
     Ok(())
 }
 
+/// Writes `keys` through a fleet member; returns how long the fleet took
+/// to acknowledge them.
+#[cfg(feature = "redis")]
+async fn write_through(fleet: &Fleet, store: &SeenStore, keys: &[String]) -> Result<Duration, String> {
+    let started = Instant::now();
+    let write = fleet
+        .begin_write_many(keys)
+        .await
+        .map_err(|error| error.to_string())?;
+    let acknowledged = started.elapsed();
+    store.write(keys).await?;
+    write.finish().await.map_err(|error| error.to_string())?;
+    Ok(acknowledged)
+}
+
+#[cfg(not(feature = "redis"))]
+async fn write_through(fleet: &Fleet, _: &SeenStore, _: &[String]) -> Result<Duration, String> {
+    match *fleet {}
+}
+
+/// The member's lag behind the fleet's stream.
+#[cfg(feature = "redis")]
+fn lag(fleet: &Fleet) -> Duration {
+    fleet.stats().lag
+}
+
+#[cfg(not(feature = "redis"))]
+fn lag(fleet: &Fleet) -> Duration {
+    match *fleet {}
+}
+
 /// How long a phase waits, after its requests, for a rebuild due or running.
 const REBUILD_WAIT: Duration = Duration::from_secs(30);
 
 /// Samples the guard and draws the progress bar until the requests are
 /// done (a slow machine runs past the deadline), then while a rebuild is due
 /// or running (up to [`REBUILD_WAIT`]).
-async fn observe(run: Arc<Run>) -> (Vec<Sample>, Vec<Event>) {
+async fn observe(run: Arc<Run>) -> (Vec<Sample>, Vec<Event>, Duration) {
     let guard = run.guard();
     let pacing = &run.pacing;
     let every = (pacing.duration / 200).max(Duration::from_millis(20));
@@ -394,8 +485,10 @@ async fn observe(run: Arc<Run>) -> (Vec<Sample>, Vec<Event>) {
     let mut previous = guard.map(Guard::stats);
     let mut ticks = tokio::time::interval(every);
     let mut rebuild_wait_ends = None;
+    let mut largest_lag = Duration::ZERO;
     loop {
         ticks.tick().await;
+        largest_lag = run.fleets.iter().map(lag).fold(largest_lag, Duration::max);
         if run.finished.load(Ordering::Acquire) {
             let ends = *rebuild_wait_ends.get_or_insert_with(|| Instant::now() + REBUILD_WAIT);
             let rebuild_pending = previous.as_ref().is_some_and(|stats| {
@@ -432,7 +525,7 @@ async fn observe(run: Arc<Run>) -> (Vec<Sample>, Vec<Event>) {
         progress.set_message(message);
     }
     progress.finish_and_clear();
-    (timeline, events)
+    (timeline, events, largest_lag)
 }
 
 fn sample_between(before: &GuardStats, now: &GuardStats, at: f64) -> Sample {

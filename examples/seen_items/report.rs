@@ -111,6 +111,24 @@ impl Outcome {
         row("latency per request p99.9", &|p| {
             format_latency(p.latency_quantile(0.999))
         });
+        if let Some(fleet) = &self.guarded.fleet {
+            let cell = |value: String| format!("{:>16}{value:>16}", "-");
+            println!(
+                "{:<36}{}",
+                format!("fleet write acknowledged p50 ({})", fleet.instances),
+                cell(format_latency(fleet.ack_quantile(0.5)))
+            );
+            println!(
+                "{:<36}{}",
+                "fleet write acknowledged p99",
+                cell(format_latency(fleet.ack_quantile(0.99)))
+            );
+            println!(
+                "{:<36}{}",
+                "fleet: largest lag of a member",
+                cell(format_latency(fleet.largest_lag))
+            );
+        }
         println!(
             "{:<36}{:>16}{:>16}",
             "memory: exact HashSet vs filter",

@@ -53,6 +53,10 @@ impl SeenStore {
         }
     }
 
+    pub(crate) fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
     pub(crate) fn lookups(&self) -> LookupCount {
         LookupCount {
             keys: self.lookups.keys.load(Ordering::Relaxed),
@@ -219,8 +223,43 @@ pub(crate) struct RedisStore {
     expires_after: Option<Duration>,
 }
 
+/// The name of the fleet the instances form (`--instances`).
+#[cfg(feature = "redis")]
+pub(crate) const FLEET: &str = "seen_items";
+
+/// Deletes every key matching `pattern`, a page of `SCAN` at a time.
+#[cfg(feature = "redis")]
+async fn unlink_matching(
+    connection: &mut redis::aio::MultiplexedConnection,
+    pattern: &str,
+) -> Result<(), redis::RedisError> {
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(connection)
+            .await?;
+        if !keys.is_empty() {
+            let () = redis::cmd("UNLINK").arg(keys).query_async(connection).await?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
 #[cfg(feature = "redis")]
 impl RedisStore {
+    /// A client of the store's Redis.
+    pub(crate) fn client(&self) -> redis::Client {
+        self.client.clone()
+    }
+
     /// Connects, and deletes what an earlier run left under [`PREFIX`].
     pub(crate) async fn open(
         url: &str,
@@ -228,26 +267,9 @@ impl RedisStore {
     ) -> Result<Self, redis::RedisError> {
         let client = redis::Client::open(url)?;
         let mut writes = client.get_multiplexed_async_connection().await?;
-        let mut cursor = 0u64;
-        loop {
-            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(format!("{PREFIX}*"))
-                .arg("COUNT")
-                .arg(10_000)
-                .query_async(&mut writes)
-                .await?;
-            if !keys.is_empty() {
-                let () = redis::cmd("UNLINK")
-                    .arg(keys)
-                    .query_async(&mut writes)
-                    .await?;
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
+        // The fleet's keys too (`--instances`): its recorded settings are this run's.
+        for pattern in [format!("{PREFIX}*"), format!("{{{FLEET}}}:*")] {
+            unlink_matching(&mut writes, &pattern).await?;
         }
         let loader = bloomguard::redis::RedisLoader::new(client.clone()).prefix(PREFIX);
         Ok(Self {

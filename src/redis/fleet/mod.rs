@@ -366,15 +366,31 @@ impl FleetSync {
     /// not write (the key may reach some members: a false positive, never a
     /// false negative).
     pub async fn begin_write(&self, key: impl AsRef<[u8]>) -> Result<FleetWrite, FleetError> {
-        let key = key.as_ref();
-        let local = self.inner.guard.begin_write(key);
+        self.begin_write_many(&[key]).await
+    }
+
+    /// [`begin_write`](Self::begin_write) for a batch of keys written to the
+    /// store together: one append and one acknowledgement for all of them.
+    ///
+    /// # Errors
+    /// As [`begin_write`](Self::begin_write).
+    pub async fn begin_write_many<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+    ) -> Result<FleetWrite, FleetError> {
+        let local = keys
+            .iter()
+            .map(|key| self.inner.guard.begin_write(key))
+            .collect();
         let appended_at = Instant::now();
-        let entry = self.append(key, false).await?;
-        self.wait_for_members(entry).await?;
-        self.inner.counters.count_local_insert();
+        if !keys.is_empty() {
+            let entry = self.append(keys, false).await?;
+            self.wait_for_members(entry).await?;
+        }
+        self.inner.counters.count_local_inserts(keys.len() as u64);
         Ok(FleetWrite {
             fleet: self.clone(),
-            key: key.to_vec(),
+            keys: keys.iter().map(|key| key.as_ref().to_vec()).collect(),
             local,
             appended_at,
         })
@@ -595,9 +611,9 @@ impl fmt::Debug for FleetSync {
 #[must_use = "call `finish` once the store write has landed"]
 pub struct FleetWrite {
     fleet: FleetSync,
-    key: Vec<u8>,
+    keys: Vec<Vec<u8>>,
     /// Covers this member's own rebuilds until the write lands.
-    local: PendingWrite,
+    local: Vec<PendingWrite>,
     appended_at: Instant,
 }
 
@@ -612,8 +628,8 @@ impl FleetWrite {
     /// now may miss the key until its next rebuild.
     pub async fn finish(self) -> Result<(), FleetError> {
         let settle = self.fleet.inner.guard.write_settle();
-        if self.appended_at.elapsed() > settle / 2 {
-            let entry = self.fleet.append(&self.key, true).await?;
+        if self.appended_at.elapsed() > settle / 2 && !self.keys.is_empty() {
+            let entry = self.fleet.append(&self.keys, true).await?;
             self.fleet.wait_for_members(entry).await?;
         }
         drop(self.local);
@@ -625,6 +641,7 @@ impl fmt::Debug for FleetWrite {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FleetWrite")
             .field("member", &self.fleet.inner.member)
+            .field("keys", &self.keys.len())
             .field("since", &self.appended_at.elapsed())
             .finish_non_exhaustive()
     }

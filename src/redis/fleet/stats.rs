@@ -31,8 +31,8 @@ impl Default for FleetCounters {
 }
 
 impl FleetCounters {
-    pub(super) fn count_local_insert(&self) {
-        self.local_inserts.fetch_add(1, Ordering::Relaxed);
+    pub(super) fn count_local_inserts(&self, count: u64) {
+        self.local_inserts.fetch_add(count, Ordering::Relaxed);
     }
 
     pub(super) fn count_remote_inserts(&self, count: u64) {

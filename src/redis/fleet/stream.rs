@@ -18,19 +18,22 @@ const READ_COUNT: usize = 1_000;
 /// Wait before reconnecting after a failed read.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Appends an entry, and trims the stream to about `ARGV[4]` entries,
-/// recording in `KEYS[2]` the newest entry it removed: stream trimming does
-/// not record that itself (`max-deleted-entry-id` counts only `XDEL`), and it
-/// is how a member knows whether entries after its position are gone. Trims
-/// in steps of a hundredth of the cap, so that most appends do not trim.
+/// Appends one entry per key in `ARGV[4..]`, and trims the stream to about
+/// `ARGV[3]` entries, recording in `KEYS[2]` the newest entry it removed:
+/// stream trimming does not record that itself (`max-deleted-entry-id`
+/// counts only `XDEL`), and it is how a member knows whether entries after
+/// its position are gone. Trims in steps of a hundredth of the cap, so that
+/// most appends do not trim. Returns the last entry's id.
 const APPEND: &str = r"
 local id
-if ARGV[3] == '1' then
-  id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[1], 'm', ARGV[2], 'landed', '1')
-else
-  id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[1], 'm', ARGV[2])
+for i = 4, #ARGV do
+  if ARGV[2] == '1' then
+    id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[i], 'm', ARGV[1], 'landed', '1')
+  else
+    id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[i], 'm', ARGV[1])
+  end
 end
-local cap = tonumber(ARGV[4])
+local cap = tonumber(ARGV[3])
 local excess = redis.call('XLEN', KEYS[1]) - cap
 if excess > 0 and excess >= math.max(1, math.floor(cap / 100)) then
   local doomed = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', excess + 1)
@@ -78,23 +81,26 @@ enum Next {
 }
 
 impl FleetSync {
-    /// Appends `key` to the stream; `landed` marks the second append of a
-    /// slow write. Returns the entry's position.
-    pub(super) async fn append(
+    /// Appends `keys` to the stream (at least one); `landed` marks the
+    /// second append of a slow write. Returns the last entry's position.
+    pub(super) async fn append<K: AsRef<[u8]>>(
         &self,
-        key: &[u8],
+        keys: &[K],
         landed: bool,
     ) -> Result<StreamPosition, FleetError> {
         let mut connection = self.inner.connection.get().await?;
-        Ok(Script::new(APPEND)
+        let script = Script::new(APPEND);
+        let mut append = script.prepare_invoke();
+        append
             .key(&self.inner.keys.stream)
             .key(&self.inner.keys.trimmed)
-            .arg(key)
             .arg(&self.inner.member)
             .arg(u8::from(landed))
-            .arg(self.inner.settings.stream_max_len)
-            .invoke_async(&mut connection)
-            .await?)
+            .arg(self.inner.settings.stream_max_len);
+        for key in keys {
+            append.arg(key.as_ref());
+        }
+        Ok(append.invoke_async(&mut connection).await?)
     }
 
     /// Removes the stream's entries before `position`.

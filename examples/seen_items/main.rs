@@ -251,7 +251,10 @@ pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error
                 1 => "seen_items".to_owned(),
                 _ => format!("seen_items-{i}"),
             };
-            args.guard_builder().name(name).source(store.source()).build()
+            args.guard_builder()
+                .name(name)
+                .source(store.source())
+                .build()
         })
         .collect::<Result<Vec<_>, _>>()?;
     let maintenance: Vec<Maintenance> = guards.iter().cloned().map(Maintenance::start).collect();
@@ -418,7 +421,7 @@ impl Fleet {
         #[cfg(feature = "redis")]
         if let (true, Backend::Redis(redis)) = (guards.len() > 1, store.backend()) {
             let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
+                .worker_threads(2)
                 .enable_all()
                 .build()?;
             let mut members = Vec::new();

@@ -201,7 +201,12 @@ pub(crate) async fn run(
         finished: AtomicBool::new(false),
     });
     let (seen, to_write) = mpsc::channel(WRITE_QUEUE);
-    let writer = tokio::spawn(write_seen(Arc::clone(&run), to_write));
+    // One writer per fleet member, so that each waits for its own
+    // acknowledgements while the others write.
+    let to_write = Arc::new(tokio::sync::Mutex::new(to_write));
+    let writers: Vec<_> = (0..fleets.len().max(1))
+        .map(|member| tokio::spawn(write_seen(Arc::clone(&run), member, Arc::clone(&to_write))))
+        .collect();
     let workers: Vec<_> = (0..pacing.concurrency)
         .map(|id| tokio::spawn(worker(Arc::clone(&run), id, seed, seen.clone())))
         .collect();
@@ -212,7 +217,9 @@ pub(crate) async fn run(
         latencies.extend(worker.await.map_err(|error| error.to_string())??);
     }
     let elapsed = started.elapsed();
-    writer.await.map_err(|error| error.to_string())??;
+    for writer in writers {
+        writer.await.map_err(|error| error.to_string())??;
+    }
     run.finished.store(true, Ordering::Release);
     let (timeline, events, largest_lag) = observing.await.map_err(|error| error.to_string())?;
     let fleet = (!fleets.is_empty()).then(|| {
@@ -385,21 +392,30 @@ const WRITE_BATCH: usize = 512;
 
 /// Writes what users saw, batched as an impression log would be: guard first,
 /// then the store (the ordering rule), and the pending writes hold a
-/// rebuild's scan until the store has them. In a fleet, each batch goes
-/// through the next member, and counts as written once the fleet
-/// acknowledged it. Ends when every worker has.
-async fn write_seen(run: Arc<Run>, mut seen: mpsc::Receiver<Vec<u64>>) -> Result<(), String> {
+/// rebuild's scan until the store has them. In a fleet, through `member`,
+/// counting a batch as written once the fleet acknowledged it. Ends when
+/// every worker has.
+async fn write_seen(
+    run: Arc<Run>,
+    member: usize,
+    seen: Arc<tokio::sync::Mutex<mpsc::Receiver<Vec<u64>>>>,
+) -> Result<(), String> {
     let mut batch = Vec::with_capacity(WRITE_BATCH);
-    for batch_number in 0usize.. {
-        let Some(pairs) = seen.recv().await else { break };
-        batch.extend(pairs);
-        while batch.len() < WRITE_BATCH {
-            let Ok(more) = seen.try_recv() else { break };
-            batch.extend(more);
+    loop {
+        {
+            let mut seen = seen.lock().await;
+            let Some(pairs) = seen.recv().await else {
+                break;
+            };
+            batch.extend(pairs);
+            while batch.len() < WRITE_BATCH {
+                let Ok(more) = seen.try_recv() else { break };
+                batch.extend(more);
+            }
         }
         let keys: Vec<String> = batch.iter().map(|&pair| seen_key(pair)).collect();
         let written_at = Instant::now();
-        match run.fleets.get(batch_number % run.fleets.len().max(1)) {
+        match run.fleets.get(member) {
             Some(fleet) => {
                 let acknowledged = write_through(fleet, &run.store, &keys).await?;
                 run.acknowledgements.lock().unwrap().push(acknowledged);
@@ -428,7 +444,11 @@ async fn write_seen(run: Arc<Run>, mut seen: mpsc::Receiver<Vec<u64>>) -> Result
 /// Writes `keys` through a fleet member; returns how long the fleet took
 /// to acknowledge them.
 #[cfg(feature = "redis")]
-async fn write_through(fleet: &Fleet, store: &SeenStore, keys: &[String]) -> Result<Duration, String> {
+async fn write_through(
+    fleet: &Fleet,
+    store: &SeenStore,
+    keys: &[String],
+) -> Result<Duration, String> {
     let started = Instant::now();
     let write = fleet
         .begin_write_many(keys)

@@ -244,7 +244,10 @@ async fn unlink_matching(
             .query_async(connection)
             .await?;
         if !keys.is_empty() {
-            let () = redis::cmd("UNLINK").arg(keys).query_async(connection).await?;
+            let () = redis::cmd("UNLINK")
+                .arg(keys)
+                .query_async(connection)
+                .await?;
         }
         if next == 0 {
             return Ok(());

@@ -34,13 +34,15 @@ use super::{FleetSync, StreamPosition};
 use crate::error::FleetError;
 
 /// Renews (or takes) this member's lease and publishes its position.
-/// Returns `{continuous, last, members}`: whether the lease it held was still
-/// live in Redis, the stream's last entry id, and how many members hold
-/// live leases now. Drops lapsed members on the way.
+/// Returns `{continuous, last, members, grace_ms}`: whether the lease it
+/// held was still live in Redis, the stream's last entry id, how many
+/// members hold live leases now, and how long writers still wait out the
+/// fleet record's first lease. Drops lapsed members on the way.
 const RENEW: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('SET', KEYS[3], now) end
+local grace = math.max(0, tonumber(redis.call('GET', KEYS[3])) + tonumber(ARGV[2]) - now)
 local previous = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local continuous = 0
 if previous and tonumber(previous) > now then continuous = 1 end
@@ -53,7 +55,7 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 local last = '0-0'
 local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
 if newest[1] then last = newest[1][1] end
-return {continuous, last, redis.call('ZCARD', KEYS[1])}
+return {continuous, last, redis.call('ZCARD', KEYS[1]), grace}
 ";
 
 /// Whether every member with a live lease has applied entry
@@ -101,6 +103,8 @@ pub(super) struct Renewal {
     pub(super) continuous: bool,
     pub(super) last: StreamPosition,
     pub(super) members: u64,
+    /// How long writers still wait out the fleet record's first lease.
+    pub(super) grace: Duration,
 }
 
 impl FleetSync {
@@ -110,21 +114,23 @@ impl FleetSync {
         let position = self.state().position;
         let sent_at = Instant::now();
         let mut connection = self.inner.connection.get().await?;
-        let (continuous, last, members): (u8, StreamPosition, u64) = Script::new(RENEW)
-            .key(&keys.leases)
-            .key(&keys.applied)
-            .key(&keys.since)
-            .key(&keys.stream)
-            .arg(&self.inner.member)
-            .arg(self.inner.settings.lease.as_millis() as u64)
-            .arg(position)
-            .invoke_async(&mut connection)
-            .await?;
+        let (continuous, last, members, grace_ms): (u8, StreamPosition, u64, u64) =
+            Script::new(RENEW)
+                .key(&keys.leases)
+                .key(&keys.applied)
+                .key(&keys.since)
+                .key(&keys.stream)
+                .arg(&self.inner.member)
+                .arg(self.inner.settings.lease.as_millis() as u64)
+                .arg(position)
+                .invoke_async(&mut connection)
+                .await?;
         Ok(Renewal {
             sent_at,
             continuous: continuous == 1,
             last,
             members,
+            grace: Duration::from_millis(grace_ms),
         })
     }
 

@@ -402,6 +402,10 @@ impl FleetSync {
     /// the tasks that apply the stream, keep the lease, fence on time and
     /// publish snapshots. The guard answers `Absent` again once it has caught up.
     ///
+    /// The first member of a new fleet (or of one whose Redis lost its data)
+    /// returns one lease later: until then writers cannot know that no member
+    /// from before still counts on its lease (see `membership.rs`).
+    ///
     /// # Errors
     /// [`FleetError::SettingsDiffer`]; Redis errors. The guard is left as it was.
     ///
@@ -478,7 +482,12 @@ impl FleetSync {
         };
         self.state().position = start;
         let renewal = self.renew().await?;
+        let grace = renewal.grace;
         self.renewed(renewal);
+        // A fleet record younger than a lease (a new fleet, or a Redis that
+        // lost its data) holds every write for the rest of that lease: wait
+        // it out here rather than in the first writes.
+        tokio::time::sleep(grace).await;
         Ok(())
     }
 

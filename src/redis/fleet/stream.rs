@@ -18,20 +18,19 @@ const READ_COUNT: usize = 1_000;
 /// Wait before reconnecting after a failed read.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Appends one entry per key in `ARGV[4..]`, and trims the stream to about
-/// `ARGV[3]` entries, recording in `KEYS[2]` the newest entry it removed:
-/// stream trimming does not record that itself (`max-deleted-entry-id`
-/// counts only `XDEL`), and it is how a member knows whether entries after
-/// its position are gone. Trims in steps of a hundredth of the cap, so that
-/// most appends do not trim. Returns the last entry's id.
+/// Appends one entry holding the keys `ARGV[4]` (encoded by [`encode_keys`]),
+/// and trims the stream to about `ARGV[3]` entries, recording in `KEYS[2]`
+/// the newest entry it removed: stream trimming does not record that itself
+/// (`max-deleted-entry-id` counts only `XDEL`), and it is how a member knows
+/// whether entries after its position are gone. Trims in steps of a
+/// hundredth of the cap, so that most appends do not trim. Returns the
+/// entry's id.
 const APPEND: &str = r"
 local id
-for i = 4, #ARGV do
-  if ARGV[2] == '1' then
-    id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[i], 'm', ARGV[1], 'landed', '1')
-  else
-    id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[i], 'm', ARGV[1])
-  end
+if ARGV[2] == '1' then
+  id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[4], 'm', ARGV[1], 'landed', '1')
+else
+  id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[4], 'm', ARGV[1])
 end
 local cap = tonumber(ARGV[3])
 local excess = redis.call('XLEN', KEYS[1]) - cap
@@ -42,6 +41,35 @@ if excess > 0 and excess >= math.max(1, math.floor(cap / 100)) then
 end
 return id
 ";
+
+/// The keys of one entry: each as its length (u32, little-endian) and its
+/// bytes. One entry per batch, not per key: a member parses each entry's
+/// fields into a map, which costs far more than the inserts.
+fn encode_keys<K: AsRef<[u8]>>(keys: &[K]) -> Vec<u8> {
+    let len: usize = keys.iter().map(|key| 4 + key.as_ref().len()).sum();
+    let mut encoded = Vec::with_capacity(len);
+    for key in keys {
+        let key = key.as_ref();
+        encoded.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        encoded.extend_from_slice(key);
+    }
+    encoded
+}
+
+/// The keys [`encode_keys`] wrote; `None` for bytes it did not write.
+fn decode_keys(mut encoded: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut keys = Vec::new();
+    while let Some((len, rest)) = encoded.split_first_chunk::<4>() {
+        let len = u32::from_le_bytes(*len) as usize;
+        if rest.len() < len {
+            return None;
+        }
+        let (key, rest) = rest.split_at(len);
+        keys.push(key);
+        encoded = rest;
+    }
+    encoded.is_empty().then_some(keys)
+}
 
 /// Removes the entries before `ARGV[1]`, recording the newest it removed
 /// in `KEYS[2]` (as `APPEND` does).
@@ -64,6 +92,20 @@ local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 if newest[1] then last = newest[1][1] end
 return {last, trimmed, redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])}
 ";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip_through_an_entry_and_a_cut_entry_is_refused() {
+        let keys: [&[u8]; 4] = [b"item:1", b"", b"\xff\x00binary", b"item:4"];
+        let encoded = encode_keys(&keys);
+        assert_eq!(decode_keys(&encoded).unwrap(), keys);
+        assert!(decode_keys(&encoded[..encoded.len() - 1]).is_none());
+        assert_eq!(decode_keys(&[]).unwrap(), Vec::<&[u8]>::new());
+    }
+}
 
 /// What one read found.
 struct Read {
@@ -89,18 +131,15 @@ impl FleetSync {
         landed: bool,
     ) -> Result<StreamPosition, FleetError> {
         let mut connection = self.inner.connection.get().await?;
-        let script = Script::new(APPEND);
-        let mut append = script.prepare_invoke();
-        append
+        Ok(Script::new(APPEND)
             .key(&self.inner.keys.stream)
             .key(&self.inner.keys.trimmed)
             .arg(&self.inner.member)
             .arg(u8::from(landed))
-            .arg(self.inner.settings.stream_max_len);
-        for key in keys {
-            append.arg(key.as_ref());
-        }
-        Ok(append.invoke_async(&mut connection).await?)
+            .arg(self.inner.settings.stream_max_len)
+            .arg(encode_keys(keys))
+            .invoke_async(&mut connection)
+            .await?)
     }
 
     /// Removes the stream's entries before `position`.
@@ -222,11 +261,18 @@ impl FleetSync {
         let mut newest = position;
         let mut remote = 0;
         for entry in &read.entries.ids {
-            if let Some(Value::BulkString(key)) = entry.map.get("k") {
+            let keys = match entry.map.get("k") {
+                Some(Value::BulkString(encoded)) => decode_keys(encoded),
+                _ => None,
+            }
+            .ok_or(FleetError::UnexpectedReply("a stream entry without keys"))?;
+            for key in &keys {
                 self.inner.guard.insert(key);
             }
             let from: Option<String> = entry.get("m");
-            remote += u64::from(from.as_deref() != Some(self.inner.member.as_str()));
+            if from.as_deref() != Some(self.inner.member.as_str()) {
+                remote += keys.len() as u64;
+            }
             newest = entry
                 .id
                 .parse()

@@ -205,6 +205,34 @@ fn the_gate_runs_against_real_redis() {
 }
 
 #[test]
+fn three_instances_as_one_fleet_keep_every_seen_item_seen() {
+    let server = RedisServer::start();
+    let chart = chart_path("fleet");
+    let url = server.url();
+    // Every request audited: a member answering "unseen" for an item whose
+    // fleet write completed fails the run.
+    let outcome = run(small_run(
+        &chart,
+        &["--redis-url", &url, "--instances", "3", "--no-baseline"],
+    ));
+    let guarded = &outcome.guarded;
+    assert!(guarded.audited_checks > 100_000, "{}", guarded.audited_checks);
+    let fleet = guarded.fleet.as_ref().expect("the fleet's figures");
+    assert_eq!(fleet.instances, 3);
+    assert!(
+        fleet.acknowledgements.len() as u64 >= guarded.written / 512,
+        "every write batch was acknowledged"
+    );
+    std::fs::remove_file(chart).unwrap();
+
+    let refused = seen_items::Args::try_parse_from(["seen_items", "--instances", "2"])
+        .unwrap()
+        .check()
+        .unwrap_err();
+    assert!(refused.to_string().contains("REDIS_URL"), "{refused}");
+}
+
+#[test]
 fn sampled_verification_trusts_most_positives_and_measures_what_it_hides() {
     let chart = chart_path("sample");
     let outcome = run(small_run(

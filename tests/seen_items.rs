@@ -216,7 +216,11 @@ fn three_instances_as_one_fleet_keep_every_seen_item_seen() {
         &["--redis-url", &url, "--instances", "3", "--no-baseline"],
     ));
     let guarded = &outcome.guarded;
-    assert!(guarded.audited_checks > 100_000, "{}", guarded.audited_checks);
+    assert!(
+        guarded.audited_checks > 100_000,
+        "{}",
+        guarded.audited_checks
+    );
     let fleet = guarded.fleet.as_ref().expect("the fleet's figures");
     assert_eq!(fleet.instances, 3);
     assert!(

@@ -93,20 +93,6 @@ if newest[1] then last = newest[1][1] end
 return {last, trimmed, redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])}
 ";
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_round_trip_through_an_entry_and_a_cut_entry_is_refused() {
-        let keys: [&[u8]; 4] = [b"item:1", b"", b"\xff\x00binary", b"item:4"];
-        let encoded = encode_keys(&keys);
-        assert_eq!(decode_keys(&encoded).unwrap(), keys);
-        assert!(decode_keys(&encoded[..encoded.len() - 1]).is_none());
-        assert_eq!(decode_keys(&[]).unwrap(), Vec::<&[u8]>::new());
-    }
-}
-
 /// What one read found.
 struct Read {
     last: StreamPosition,
@@ -453,5 +439,19 @@ impl FleetSync {
         if let Err(error) = requested {
             tracing::debug!(%error, "snapshot not requested");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip_through_an_entry_and_a_cut_entry_is_refused() {
+        let keys: [&[u8]; 4] = [b"item:1", b"", b"\xff\x00binary", b"item:4"];
+        let encoded = encode_keys(&keys);
+        assert_eq!(decode_keys(&encoded).unwrap(), keys);
+        assert!(decode_keys(&encoded[..encoded.len() - 1]).is_none());
+        assert_eq!(decode_keys(&[]).unwrap(), Vec::<&[u8]>::new());
     }
 }

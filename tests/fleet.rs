@@ -641,3 +641,103 @@ async fn the_member_publishes_its_standing_as_metrics() {
         Some(DebugValue::Counter(n)) if *n == 5
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_member_rebuilds_for_all_and_the_fleet_forgets_deleted_keys_together() {
+    let server = RedisServer::start();
+    server.populate(0..1_000);
+    let every = |guard: &str| {
+        Guard::builder()
+            .name(guard)
+            .expected_items(100_000)
+            .seed(0xf1ee7)
+            .source(RedisSource::new(server.client(), "item:*").strip_prefix("item:"))
+            .rebuild_policy(
+                RebuildPolicy::default()
+                    .write_settle(Duration::from_millis(250))
+                    .every(Duration::from_millis(500)),
+            )
+            .maintenance_interval(Duration::from_millis(50))
+            .build()
+            .unwrap()
+    };
+    let (a, b, c) = (every("a"), every("b"), guard_over_store(&server, "c"));
+    for guard in [&a, &b, &c] {
+        guard.rebuild().await.unwrap();
+    }
+    let members = [
+        join(a, server.client(), "turns").await,
+        join(b, server.client(), "turns").await,
+        join(c, server.client(), "turns").await,
+    ];
+    for member in &members {
+        caught_up(member).await;
+    }
+    let rebuilds = |member: &Member| member.guard().stats().rebuilds.succeeded;
+
+    // Another member holds the turn: nobody here rebuilds, nothing is forgotten.
+    let mut admin = server.client().get_connection().unwrap();
+    let () = redis::cmd("SET")
+        .arg("{turns}:rebuild:lock")
+        .arg("someone else")
+        .query(&mut admin)
+        .unwrap();
+    let maintenance: Vec<_> = members[..2]
+        .iter()
+        .map(|member| member.guard().spawn_maintenance())
+        .collect();
+    let deleted: Vec<String> = (0..500).map(|i| i.to_string()).collect();
+    let kept: Vec<String> = (500..1_000).map(|i| i.to_string()).collect();
+    let mut unlink = redis::cmd("UNLINK");
+    for key in &deleted {
+        unlink.arg(format!("item:{key}"));
+    }
+    let _: i64 = unlink.query(&mut admin).unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for member in &members {
+        assert_eq!(
+            rebuilds(member),
+            1,
+            "{}: not its turn",
+            member.guard().name()
+        );
+        assert!(
+            deleted
+                .iter()
+                .all(|key| !member.guard().check(key).is_absent())
+        );
+    }
+
+    // The turn is free: one member rebuilds, and every member, the one
+    // without maintenance included, forgets the deleted keys.
+    let _: i64 = redis::cmd("DEL")
+        .arg("{turns}:rebuild:lock")
+        .query(&mut admin)
+        .unwrap();
+    for member in &members {
+        wait_until("the deleted keys to be forgotten", || {
+            let forgotten = deleted
+                .iter()
+                .filter(|key| member.guard().check(key).is_absent())
+                .count();
+            forgotten > 450
+        })
+        .await;
+        assert!(
+            kept.iter()
+                .all(|key| !member.guard().check(key).is_absent())
+        );
+    }
+    assert_eq!(
+        rebuilds(&members[2]),
+        1,
+        "c never rebuilt: it replaced its set"
+    );
+    assert!(
+        rebuilds(&members[0]) + rebuilds(&members[1]) > 2,
+        "a or b rebuilt"
+    );
+    for task in maintenance {
+        task.shutdown().await;
+    }
+}

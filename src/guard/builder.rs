@@ -207,6 +207,7 @@ impl GuardBuilder {
                 maintenance_interval: self.maintenance_interval,
                 staleness,
                 verifier: Mutex::new(verifier),
+                rebuild_turns: Mutex::new(None),
                 insert_clock: OnceLock::new(),
                 untimed_writes: AtomicUsize::new(0),
             }),

@@ -220,6 +220,41 @@ impl Guard {
     }
 }
 
+/// How long a guard waits before asking again for a rebuild that another
+/// guard sharing its set is making.
+const ANOTHER_GUARDS_TURN: Duration = Duration::from_secs(1);
+
+/// Who rebuilds when several guards share one set (the members of a
+/// fleet): the maintenance task asks before each rebuild it schedules, and
+/// reports each one that succeeded, so that one guard rebuilds for all and
+/// the others replace their sets with its result.
+pub(crate) trait RebuildTurns: Send + Sync {
+    /// Whether this guard may rebuild now; `false`: another one is.
+    fn take(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>>;
+    /// The rebuild this guard took the turn for has committed.
+    fn rebuilt(&self);
+}
+
+impl Guard {
+    /// Has the maintenance task take turns at rebuilding (`None`: rebuild
+    /// whenever due).
+    pub(crate) fn set_rebuild_turns(&self, turns: Option<Arc<dyn RebuildTurns>>) {
+        *self
+            .inner
+            .rebuild_turns
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = turns;
+    }
+
+    fn rebuild_turns(&self) -> Option<Arc<dyn RebuildTurns>> {
+        self.inner
+            .rebuild_turns
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+}
+
 struct Task {
     guard: Weak<Inner>,
     wake: Arc<Notify>,
@@ -276,10 +311,28 @@ impl Task {
             if self.retry_at.is_none_or(|at| now >= at)
                 && let Some(reason) = guard.rebuild_due(now)
             {
-                tracing::debug!(guard = %guard.name(), reason, "rebuilding");
-                tokio::select! {
-                    () = stop.cancelled() => break,
-                    result = guard.rebuild() => self.after_rebuild(result.map(|_| ())),
+                let turns = guard.rebuild_turns();
+                let my_turn = match &turns {
+                    None => true,
+                    Some(turns) => tokio::select! {
+                        () = stop.cancelled() => break,
+                        my_turn = turns.take() => my_turn,
+                    },
+                };
+                if my_turn {
+                    tracing::debug!(guard = %guard.name(), reason, "rebuilding");
+                    tokio::select! {
+                        () = stop.cancelled() => break,
+                        result = guard.rebuild() => {
+                            if let (Ok(_), Some(turns)) = (&result, &turns) {
+                                turns.rebuilt();
+                            }
+                            self.after_rebuild(result.map(|_| ()));
+                        }
+                    }
+                } else {
+                    // Another guard of the set is rebuilding it for all.
+                    self.retry_at = Some(now + ANOTHER_GUARDS_TURN);
                 }
             }
             #[cfg(feature = "metrics")]

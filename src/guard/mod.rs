@@ -58,6 +58,7 @@ pub use builder::GuardBuilder;
 use insert_clock::InsertClock;
 use live::{Generation, LiveSet, LiveState};
 pub use maintenance::MaintenanceHandle;
+pub(crate) use maintenance::RebuildTurns;
 use policy::MAX_GROWN_FILTERS;
 pub(crate) use policy::check_duration;
 pub use policy::{Lifecycle, MAX_DURATION, RebuildPolicy};
@@ -155,6 +156,8 @@ struct Inner {
     untimed_writes: AtomicUsize,
     /// The verifying half of the staleness check, taken by the maintenance task.
     verifier: Mutex<Option<Verifier>>,
+    /// Set while the guard's set is shared with others (a fleet).
+    rebuild_turns: Mutex<Option<Arc<dyn maintenance::RebuildTurns>>>,
 }
 
 impl Guard {

@@ -124,10 +124,15 @@ impl Guard {
     /// # Errors
     /// [`IncompatibleFilters`] when a filter was made with another seed:
     /// checks hash keys once, with the guard's seed.
+    ///
+    /// A `rebuilt` snapshot (another guard's fresh rebuild) counts as this
+    /// guard's rebuild: the drift and removals are measured from here, and
+    /// a scheduled rebuild is next due a period from now.
     pub(crate) fn replace_from_snapshot(
         &self,
         snapshot: LiveSnapshot,
         covers_the_store: bool,
+        rebuilt: bool,
     ) -> Result<(), IncompatibleFilters> {
         if snapshot
             .filters
@@ -151,6 +156,15 @@ impl Guard {
         self.inner
             .live
             .replace_fenced(generations, covers_the_store);
+        if rebuilt {
+            let baseline = self.baseline_now();
+            let mut history = self.history();
+            history.baseline = baseline;
+            history.last_success_at = Some(now);
+            self.inner
+                .stale
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         if covers_the_store {
             self.inner.left_warming.notify_waiters();
         }
@@ -184,6 +198,11 @@ impl Guard {
                     .to_string(),
             ),
         ]
+    }
+
+    /// How long a rebuild may take before it is abandoned.
+    pub(crate) fn rebuild_timeout(&self) -> Duration {
+        self.inner.rebuild_policy.timeout
     }
 
     /// How long after an insert its store write may land and still be seen
@@ -221,7 +240,7 @@ mod tests {
             .seed(9)
             .build()
             .unwrap();
-        other.replace_from_snapshot(decoded, true).unwrap();
+        other.replace_from_snapshot(decoded, true, false).unwrap();
         assert!(other.is_fenced(), "replaced sets start fenced");
         other.set_fenced(false);
         assert_eq!(other.live_filters().len(), 2);
@@ -249,7 +268,7 @@ mod tests {
             .seed(2)
             .build()
             .unwrap();
-        assert!(other.replace_from_snapshot(snapshot, true).is_err());
+        assert!(other.replace_from_snapshot(snapshot, true, false).is_err());
         assert!(!other.is_fenced());
     }
 }

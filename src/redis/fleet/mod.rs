@@ -69,6 +69,7 @@
 
 mod membership;
 mod position;
+mod rebuilds;
 mod snapshot;
 mod stats;
 mod stream;
@@ -156,6 +157,7 @@ struct Keys {
     manifest: String,
     snapshot_version: String,
     snapshot_lock: String,
+    rebuild_lock: String,
     notices: String,
 }
 
@@ -172,6 +174,7 @@ impl Keys {
             manifest: key("snapshot"),
             snapshot_version: key("snapshot:version"),
             snapshot_lock: key("snapshot:lock"),
+            rebuild_lock: key("rebuild:lock"),
             notices: key("notices"),
         }
     }
@@ -206,6 +209,8 @@ struct MemberState {
     /// The stream was trimmed past this member: it needs a snapshot, or a
     /// rebuild of its own.
     recovering: bool,
+    /// Another member published its rebuilt set: replace ours with it.
+    rebuilt_elsewhere: bool,
     /// When the consumer last read the stream (a renewal needs a live consumer).
     last_read_at: Option<Instant>,
     /// Whether the guard is fenced now.
@@ -440,6 +445,7 @@ impl FleetSync {
             self.state().fenced = was_fenced;
             return Err(error);
         }
+        self.take_rebuild_turns();
         let member = self.clone();
         let task = StoppableTask::spawn("fleet member", shutdown, |stop| async move {
             let run = async {
@@ -463,7 +469,7 @@ impl FleetSync {
     /// takes the first lease.
     async fn enter(&self) -> Result<(), FleetError> {
         self.check_settings().await?;
-        let snapshot = match self.load_covering_snapshot().await {
+        let snapshot = match self.load_covering_snapshot(false).await {
             Err(FleetError::Redis(error)) => return Err(error.into()),
             Err(error) => {
                 tracing::warn!(%error, "fleet snapshot refused; joining from the stream");
@@ -531,6 +537,7 @@ impl FleetSync {
     /// Leaving: give the lease back so that writers stop waiting; the guard
     /// stays fenced, since nothing keeps it up to date any more.
     async fn leave(&self) {
+        self.inner.guard.set_rebuild_turns(None);
         {
             let mut state = self.state();
             state.fence_at = None;

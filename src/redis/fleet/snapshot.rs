@@ -37,6 +37,15 @@ impl Manifest {
     }
 }
 
+/// How a published snapshot is announced.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Notice {
+    /// For members that join or recover.
+    Snapshot,
+    /// A fresh rebuild: every member replaces its set with it.
+    Rebuilt,
+}
+
 /// One attempt at reading the snapshot.
 enum Read {
     None,
@@ -55,12 +64,13 @@ impl FleetSync {
     /// [`FleetError::Fenced`] while this member is not caught up (or not
     /// joined): its set could lack acknowledged keys. Redis errors.
     pub async fn publish_snapshot(&self) -> Result<StreamPosition, FleetError> {
-        self.publish()
+        self.publish(Notice::Snapshot)
             .instrument(self.span("publish_snapshot"))
             .await
     }
 
-    async fn publish(&self) -> Result<StreamPosition, FleetError> {
+    /// Publishes, announcing the snapshot as `notice`.
+    pub(super) async fn publish(&self, notice: Notice) -> Result<StreamPosition, FleetError> {
         let taken = || {
             let state = self.state();
             (!state.fenced && state.fence_at.is_some())
@@ -99,9 +109,13 @@ impl FleetSync {
             .arg("GET")
             .query_async(&mut connection)
             .await?;
+        let notice = match notice {
+            Notice::Snapshot => "snapshot".to_owned(),
+            Notice::Rebuilt => format!("rebuilt {}", self.inner.member),
+        };
         let _: i64 = redis::cmd("PUBLISH")
             .arg(&keys.notices)
-            .arg("snapshot")
+            .arg(notice)
             .query_async(&mut connection)
             .await?;
         if let Some(old) = previous.as_deref().and_then(Manifest::parse)
@@ -121,7 +135,8 @@ impl FleetSync {
     /// its position: replaces the live set with it (fenced, until the stream
     /// after it is applied), ends warming, and moves this member's position
     /// to it. `Ok(None)` when there is no snapshot, or one that the stream
-    /// no longer continues.
+    /// no longer continues. A `rebuilt` snapshot counts as this member's
+    /// rebuild too.
     ///
     /// # Errors
     /// A snapshot that does not decode, or whose filters have another seed,
@@ -129,6 +144,7 @@ impl FleetSync {
     /// the guard keeps what it has; [`FleetError::KeptChanging`].
     pub(super) async fn load_covering_snapshot(
         &self,
+        rebuilt: bool,
     ) -> Result<Option<StreamPosition>, FleetError> {
         // A publish that replaces the snapshot while we read it deletes the
         // chunks we are reading: read the new one then.
@@ -143,7 +159,7 @@ impl FleetSync {
                     let mut state = self.state();
                     self.inner
                         .guard
-                        .replace_from_snapshot(set, true)
+                        .replace_from_snapshot(set, true, rebuilt)
                         .map_err(FleetError::Incompatible)?;
                     state.fenced = true;
                     state.replacements += 1;

@@ -181,6 +181,9 @@ impl FleetSync {
                 self.recover().await;
                 continue;
             }
+            if std::mem::take(&mut self.state().rebuilt_elsewhere) {
+                self.replace_with_rebuilt().await;
+            }
             let Some(connection) = reader.as_mut() else {
                 match self.connect_reader().await {
                     Ok(fresh) => reader = Some(fresh),
@@ -354,7 +357,7 @@ impl FleetSync {
         self.withdraw().await;
         loop {
             let published = self.inner.snapshot_published.notified();
-            match self.load_covering_snapshot().await {
+            match self.load_covering_snapshot(false).await {
                 Ok(Some(_)) => break,
                 Ok(None) => {}
                 Err(error) => tracing::warn!(%error, "fleet snapshot not loaded"),
@@ -417,7 +420,11 @@ impl FleetSync {
                         b"applied" => self.inner.applied_notices.send_modify(|n| *n += 1),
                         b"snapshot" => self.inner.snapshot_published.notify_waiters(),
                         b"request" => self.inner.snapshot_requested.notify_one(),
-                        _ => {}
+                        rebuilt => {
+                            if let Some(by) = rebuilt.strip_prefix(b"rebuilt ") {
+                                self.rebuilt_elsewhere(by);
+                            }
+                        }
                     }
                 }
             }

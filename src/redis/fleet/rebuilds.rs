@@ -1,0 +1,118 @@
+//! One rebuilder at a time: a member whose maintenance finds a rebuild due
+//! takes the fleet's rebuild lock first; the one that holds it rebuilds from
+//! the store and publishes the result, and every other member replaces its
+//! set with that snapshot (fenced while it replays the stream after it). So
+//! the store is read once per fleet rebuild, the fleet forgets deleted keys
+//! together, and every member answers from the same filters.
+//!
+//! Correctness does not depend on the lock: a member that rebuilds on its
+//! own (Redis unreachable, or recovering) keeps every acknowledged key (see
+//! the module docs on writes slower than the settle), and replacing a set
+//! with any snapshot whose stream continues is safe.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+
+use redis::Script;
+
+use super::snapshot::Notice;
+use super::{FleetSync, Inner};
+use crate::error::FleetError;
+use crate::guard::RebuildTurns;
+
+/// Deletes the lock in `KEYS[1]` if this member (`ARGV[1]`) still holds it.
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+";
+
+/// The guard's side of the turns: holds the member weakly (the member holds
+/// the guard).
+struct Turns(Weak<Inner>);
+
+impl Turns {
+    fn member(&self) -> Option<FleetSync> {
+        self.0.upgrade().map(|inner| FleetSync { inner })
+    }
+}
+
+impl RebuildTurns for Turns {
+    fn take(&self) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+        Box::pin(async move {
+            match self.member() {
+                Some(member) => member.take_rebuild_turn().await,
+                None => true,
+            }
+        })
+    }
+
+    fn rebuilt(&self) {
+        if let Some(member) = self.member() {
+            tokio::spawn(async move { member.share_rebuild().await });
+        }
+    }
+}
+
+impl FleetSync {
+    /// Has the guard's maintenance take turns with the other members.
+    pub(super) fn take_rebuild_turns(&self) {
+        let turns: Arc<dyn RebuildTurns> = Arc::new(Turns(Arc::downgrade(&self.inner)));
+        self.inner.guard.set_rebuild_turns(Some(turns));
+    }
+
+    /// Whether this member may rebuild now. When Redis cannot say, it may:
+    /// its own rebuild is safe, only not shared.
+    async fn take_rebuild_turn(&self) -> bool {
+        let taken: Result<Option<String>, FleetError> = async {
+            let mut connection = self.inner.connection.get().await?;
+            Ok(redis::cmd("SET")
+                .arg(&self.inner.keys.rebuild_lock)
+                .arg(&self.inner.member)
+                .arg("NX")
+                .arg("PX")
+                .arg(self.inner.guard.rebuild_timeout().as_millis() as u64)
+                .query_async(&mut connection)
+                .await?)
+        }
+        .await;
+        taken.is_err() || matches!(taken, Ok(Some(_)))
+    }
+
+    /// Publishes the set this member just rebuilt for the others to
+    /// replace theirs with, then gives the turn back.
+    async fn share_rebuild(&self) {
+        if let Err(error) = self.publish(Notice::Rebuilt).await {
+            tracing::warn!(%error, "rebuilt set not shared; the others rebuild on their own");
+        }
+        let released: Result<i64, FleetError> = async {
+            let mut connection = self.inner.connection.get().await?;
+            Ok(Script::new(RELEASE)
+                .key(&self.inner.keys.rebuild_lock)
+                .arg(&self.inner.member)
+                .invoke_async(&mut connection)
+                .await?)
+        }
+        .await;
+        if let Err(error) = released {
+            tracing::debug!(%error, "rebuild turn not given back; it expires");
+        }
+    }
+
+    /// Another member published its rebuilt set.
+    pub(super) fn rebuilt_elsewhere(&self, by: &[u8]) {
+        if by != self.inner.member.as_bytes() {
+            self.state().rebuilt_elsewhere = true;
+        }
+    }
+
+    /// Replaces this member's set with the rebuilt one (the consumer does,
+    /// between two reads). Kept as it is when the snapshot cannot be used.
+    pub(super) async fn replace_with_rebuilt(&self) {
+        match self.load_covering_snapshot(true).await {
+            Ok(Some(_)) => self.refresh_fence(),
+            Ok(None) => tracing::debug!("the rebuilt set's stream was trimmed; keeping ours"),
+            Err(error) => tracing::warn!(%error, "rebuilt set not loaded; keeping ours"),
+        }
+    }
+}

@@ -465,14 +465,16 @@ async fn write_through(fleet: &Fleet, _: &SeenStore, _: &[String]) -> Result<Dur
     match *fleet {}
 }
 
-/// The member's lag behind the fleet's stream.
+/// The member's lag behind the fleet's stream, and how often it replaced
+/// its set with a snapshot (another member's rebuild).
 #[cfg(feature = "redis")]
-fn lag(fleet: &Fleet) -> Duration {
-    fleet.stats().lag
+fn lag_and_replacements(fleet: &Fleet) -> (Duration, u64) {
+    let stats = fleet.stats();
+    (stats.lag, stats.replacements)
 }
 
 #[cfg(not(feature = "redis"))]
-fn lag(fleet: &Fleet) -> Duration {
+fn lag_and_replacements(fleet: &Fleet) -> (Duration, u64) {
     match *fleet {}
 }
 
@@ -506,9 +508,19 @@ async fn observe(run: Arc<Run>) -> (Vec<Sample>, Vec<Event>, Duration) {
     let mut ticks = tokio::time::interval(every);
     let mut rebuild_wait_ends = None;
     let mut largest_lag = Duration::ZERO;
+    let mut replacements_before = run
+        .fleets
+        .first()
+        .map_or(0, |fleet| lag_and_replacements(fleet).1);
     loop {
         ticks.tick().await;
-        largest_lag = run.fleets.iter().map(lag).fold(largest_lag, Duration::max);
+        let members: Vec<_> = run.fleets.iter().map(lag_and_replacements).collect();
+        largest_lag = members
+            .iter()
+            .map(|&(lag, _)| lag)
+            .fold(largest_lag, Duration::max);
+        // The sampled guard's set replaced with another member's rebuild.
+        let replacements = members.first().map_or(0, |&(_, replacements)| replacements);
         if run.finished.load(Ordering::Acquire) {
             let ends = *rebuild_wait_ends.get_or_insert_with(|| Instant::now() + REBUILD_WAIT);
             let rebuild_pending = previous.as_ref().is_some_and(|stats| {
@@ -528,9 +540,11 @@ async fn observe(run: Arc<Run>) -> (Vec<Sample>, Vec<Event>, Duration) {
             let now = guard.stats();
             let sample = sample_between(before, &now, at);
             if now.swaps != before.swaps {
-                let rebuild = now.rebuilds.succeeded != before.rebuilds.succeeded;
+                let rebuild = now.rebuilds.succeeded != before.rebuilds.succeeded
+                    || replacements != replacements_before;
                 events.push(Event { at, rebuild });
             }
+            replacements_before = replacements;
             message += &format!(
                 "  fill {:.2}  est. FPR {:.2} %  drift {:.2}  rebuilds {}",
                 sample.fill_ratio,

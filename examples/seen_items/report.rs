@@ -112,7 +112,12 @@ impl Outcome {
             format_latency(p.latency_quantile(0.999))
         });
         if let Some(fleet) = &self.guarded.fleet {
-            let cell = |value: String| format!("{:>16}{value:>16}", "-");
+            // Under the guarded column, with or without a baseline beside it.
+            let blank = if self.baseline.is_some() { "-" } else { "" };
+            let cell = |value: String| {
+                let pad = if blank.is_empty() { 0 } else { 16 };
+                format!("{blank:>pad$}{value:>16}")
+            };
             println!(
                 "{:<36}{}",
                 format!("fleet write acknowledged p50 ({})", fleet.instances),

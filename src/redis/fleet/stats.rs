@@ -68,6 +68,9 @@ pub struct FleetStats {
     pub fences: u64,
     /// Times the member recovered from a gap in the stream.
     pub recoveries: u64,
+    /// Times the live set was replaced with a snapshot: joining, recovering,
+    /// or another member's rebuild.
+    pub replacements: u64,
     /// The last stream entry applied.
     pub position: StreamPosition,
     /// Entries the last read found after the position (at least that many
@@ -97,7 +100,7 @@ impl FleetSync {
     /// This member's standing in the fleet now.
     pub fn stats(&self) -> FleetStats {
         let counters = &self.inner.counters;
-        let (position, lag_entries, lag, lease_age, members, fenced) = {
+        let (position, lag_entries, lag, lease_age, members, fenced, replacements) = {
             let state = self.state();
             (
                 state.position,
@@ -106,6 +109,7 @@ impl FleetSync {
                 state.fence_at.and(state.renewed_at).map(|at| at.elapsed()),
                 state.members,
                 state.fenced,
+                state.replacements,
             )
         };
         let acks = counters
@@ -118,6 +122,7 @@ impl FleetSync {
             fenced,
             fences: counters.fences.load(Ordering::Relaxed),
             recoveries: counters.recoveries.load(Ordering::Relaxed),
+            replacements,
             position,
             lag_entries,
             lag,

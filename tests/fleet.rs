@@ -741,3 +741,71 @@ async fn one_member_rebuilds_for_all_and_the_fleet_forgets_deleted_keys_together
         task.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_member_trusts_neither_its_maybe_nor_its_cached_absent_answers() {
+    use axum::body::Body;
+    use axum::http::{Method, Request, Response};
+    use bloomguard::layer::PathKey;
+    use bloomguard::{GuardLayer, GuardedLoader, Verify};
+    use tower::{Layer, ServiceExt};
+
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let a = join(guard("a"), server.client(), "cache").await;
+    let b = join(guard("b"), proxy.client(), "cache").await;
+    caught_up(&b).await;
+    let ledger = Ledger::default();
+    let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let backend = {
+        let (store, asked) = (Arc::clone(&ledger.store), Arc::clone(&asked));
+        move |key: String| {
+            asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let found = store.lock().unwrap().contains(&key).then_some(());
+            async move { Ok::<_, std::convert::Infallible>(found) }
+        }
+    };
+    let loader = GuardedLoader::new(b.guard().clone(), backend)
+        .verify(Verify::None)
+        .unwrap()
+        .confirmed_absent_cache(1_000, Duration::from_secs(600))
+        .unwrap();
+
+    // Fenced: the "maybe" is not the filter's, so the backend is asked
+    // (and says absent, which the cache keeps).
+    proxy.stall();
+    wait_until("B to fence itself", || b.guard().is_fenced()).await;
+    assert!(!loader.contains("late".to_owned()).await.unwrap());
+    assert_eq!(
+        asked.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "asked while fenced"
+    );
+    proxy.resume();
+    caught_up(&b).await;
+
+    // Fenced again, and the key written meanwhile: the cached "absent" from
+    // before must not answer for it.
+    proxy.stall();
+    wait_until("B to fence itself", || b.guard().is_fenced()).await;
+    assert!(ledger.write(&a.fleet, "late".to_owned()).await);
+    assert!(
+        loader.contains("late".to_owned()).await.unwrap(),
+        "a completed write answered absent from the cache"
+    );
+    // Nor does the HTTP layer trust a fenced "maybe".
+    let service = GuardLayer::for_http(
+        b.guard().clone(),
+        PathKey::route("/seen/{pair}").method(Method::GET),
+    )
+    .verify(Verify::None, || Response::new(String::from("trusted")))
+    .unwrap()
+    .layer(tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(String::from("asked")))
+    }));
+    let request = Request::get("/seen/late").body(Body::empty()).unwrap();
+    assert_eq!(service.oneshot(request).await.unwrap().body(), "asked");
+    proxy.resume();
+    caught_up(&b).await;
+    assert!(loader.contains("late".to_owned()).await.unwrap());
+}

@@ -279,7 +279,8 @@ where
                 None
             }
             Verdict::Absent => Some(self.policy.absent_response()),
-            Verdict::MaybePresent if self.shadow => None,
+            // A fenced guard's "maybe" is not its filters': never trusted.
+            Verdict::MaybePresent if self.shadow || self.guard.is_fenced() => None,
             Verdict::MaybePresent => {
                 let trusted = self.policy.answer_trusted(&key);
                 if trusted.is_some() {

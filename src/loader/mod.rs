@@ -415,6 +415,10 @@ where
         match verdict {
             Verdict::Absent => Route::Absent,
             Verdict::Warming => Route::Ask,
+            // A fenced guard's "maybe" is not its filters' (they may lack
+            // keys the fleet acknowledged): neither trusted nor answered
+            // from the cache, whose answers only inserts applied here renew.
+            Verdict::MaybePresent if guard.is_fenced() => Route::Ask,
             Verdict::MaybePresent => {
                 // A false positive the backend confirmed: absent without it.
                 let confirmed = self

@@ -222,6 +222,10 @@ pub struct GuardStats {
     /// Whether the guard has not yet completed a pass over its source
     /// (every check answers `Warming`).
     pub warming: bool,
+    /// Whether the guard's fleet member is fenced: behind the inserts the
+    /// fleet acknowledged, it answers every check `MaybePresent` until it
+    /// has caught up (see `redis::fleet`).
+    pub fenced: bool,
     /// Whether a maintenance task is running. `false` after
     /// [`Guard::spawn_maintenance`] means the task stopped, or died (its
     /// handle says which): no more rebuilds or rotations happen.
@@ -322,6 +326,7 @@ impl Guard {
             estimated_items,
             capacity,
             warming: live.warming,
+            fenced: live.fenced,
             maintenance_running: self
                 .inner
                 .maintenance_tasks

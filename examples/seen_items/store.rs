@@ -53,6 +53,7 @@ impl SeenStore {
         }
     }
 
+    #[cfg(feature = "redis")]
     pub(crate) fn backend(&self) -> &Backend {
         &self.backend
     }

@@ -214,6 +214,7 @@ impl LiveState {
 
     /// Fences the set (every check answers `MaybePresent`) or lifts the
     /// fence; the filters stay as they are.
+    #[cfg(feature = "redis")]
     pub(crate) fn set_fenced(&self, fenced: bool) {
         let _swap = lock(&self.swap_lock);
         let set = self.set.load();
@@ -231,6 +232,7 @@ impl LiveState {
     /// when `covers_the_store`. A rebuild's shadow stays installed: it holds
     /// the store and every insert since it was installed, so its commit
     /// loses nothing.
+    #[cfg(feature = "redis")]
     pub(crate) fn replace_fenced(&self, generations: Vec<Arc<Generation>>, covers_the_store: bool) {
         let _swap = lock(&self.swap_lock);
         let set = self.set.load();

@@ -238,6 +238,7 @@ pub(crate) trait RebuildTurns: Send + Sync {
 impl Guard {
     /// Has the maintenance task take turns at rebuilding (`None`: rebuild
     /// whenever due).
+    #[cfg(feature = "redis")]
     pub(crate) fn set_rebuild_turns(&self, turns: Option<Arc<dyn RebuildTurns>>) {
         *self
             .inner

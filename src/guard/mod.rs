@@ -37,6 +37,7 @@ mod maintenance;
 mod policy;
 mod reader;
 mod rebuild;
+#[cfg(feature = "redis")]
 pub(crate) mod snapshot;
 pub mod source;
 mod staleness;
@@ -58,6 +59,7 @@ pub use builder::GuardBuilder;
 use insert_clock::InsertClock;
 use live::{Generation, LiveSet, LiveState};
 pub use maintenance::MaintenanceHandle;
+#[cfg(feature = "redis")]
 pub(crate) use maintenance::RebuildTurns;
 use policy::MAX_GROWN_FILTERS;
 pub(crate) use policy::check_duration;
@@ -562,6 +564,14 @@ impl Guard {
     /// The guard's name, as given to the builder (the `guard` metrics label).
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// Whether the guard's fleet member has fenced it: behind the inserts
+    /// its fleet acknowledged, it answers every check `MaybePresent` until it
+    /// has caught up (see `redis::fleet`, the `redis` feature). Never for a
+    /// guard outside a fleet.
+    pub fn is_fenced(&self) -> bool {
+        self.inner.live.load().fenced
     }
 
     /// Whether the guard has not yet completed a pass over its source (every

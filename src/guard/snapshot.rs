@@ -176,11 +176,6 @@ impl Guard {
         self.inner.live.set_fenced(fenced);
     }
 
-    /// Whether the guard is fenced by its fleet.
-    pub fn is_fenced(&self) -> bool {
-        self.inner.live.load().fenced
-    }
-
     /// The settings that must agree across a fleet, as text: what its
     /// members record in Redis and compare.
     pub(crate) fn fleet_settings(&self) -> Vec<(&'static str, String)> {
@@ -212,7 +207,7 @@ impl Guard {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(bloomguard_loom)))]
 mod tests {
     use super::*;
     use crate::Lifecycle;

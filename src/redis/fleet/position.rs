@@ -71,7 +71,7 @@ impl redis::FromRedisValue for StreamPosition {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(bloomguard_loom)))]
 mod tests {
     use super::*;
 

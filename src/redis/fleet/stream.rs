@@ -449,7 +449,7 @@ impl FleetSync {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(bloomguard_loom)))]
 mod tests {
     use super::*;
 

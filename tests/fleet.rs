@@ -492,7 +492,13 @@ async fn a_joiner_leaves_warming_through_the_fleet_only_with_a_covering_snapshot
 
     // Trim the stream past the snapshot, and leave no member to publish a new one.
     let small = |builder: FleetSyncBuilder| builder.stream_max_len(10);
-    let writer = join_with(guard("w"), server.client(), "bulk", small).await;
+    let writer = join_with(
+        guard_over_store(&server, "w"),
+        server.client(),
+        "bulk",
+        small,
+    )
+    .await;
     a.handle.shutdown().await;
     b.handle.shutdown().await;
     let written: Vec<String> = (5_000..5_500).map(|i| i.to_string()).collect();

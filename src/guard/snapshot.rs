@@ -184,6 +184,10 @@ impl Guard {
             ("expected_items", self.inner.expected_items.to_string()),
             ("false_positive_rate", self.inner.target_fpr.to_string()),
             ("lifecycle", format!("{:?}", self.inner.lifecycle)),
+            // A snapshot of a guard without a source says nothing of the
+            // store's keys written before the fleet: it must not end the
+            // warming of one with a source.
+            ("source", self.inner.source.is_some().to_string()),
             (
                 "write_settle_ms",
                 self.inner

@@ -23,7 +23,15 @@
 //! Redis's copy of the fleet began, and writers wait until one lease has
 //! passed since then before counting on an empty or partial member list; by
 //! then every member that held a lease before has either renewed (and is
-//! waited for) or fenced itself.
+//! waited for) or fenced itself. A member whose renewal finds a new
+//! `since` knows the data was lost: caught up, it republishes a snapshot of
+//! what it holds; fenced, it recovers, since what it had not applied yet
+//! may be gone. Joiners wait out that same lease before choosing where to
+//! start.
+//!
+//! A renewal whose reply was lost may have found the lease lapsed, so the
+//! next one is not taken as continuous; a reply to a renewal sent before the
+//! member gave its lease up (recovering, leaving) is ignored.
 
 use std::time::Duration;
 
@@ -34,15 +42,15 @@ use super::{FleetSync, StreamPosition};
 use crate::error::FleetError;
 
 /// Renews (or takes) this member's lease and publishes its position.
-/// Returns `{continuous, last, members, grace_ms}`: whether the lease it
-/// held was still live in Redis, the stream's last entry id, how many
-/// members hold live leases now, and how long writers still wait out the
-/// fleet record's first lease. Drops lapsed members on the way.
+/// Returns `{continuous, last, members, since}`: whether the lease it held
+/// was still live in Redis, the stream's last entry id, how many members
+/// hold live leases now, and when the fleet's record began (which changes
+/// when Redis lost the fleet's data). Drops lapsed members on the way.
 const RENEW: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('SET', KEYS[3], now) end
-local grace = math.max(0, tonumber(redis.call('GET', KEYS[3])) + tonumber(ARGV[2]) - now)
+local since = tonumber(redis.call('GET', KEYS[3]))
 local previous = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local continuous = 0
 if previous and tonumber(previous) > now then continuous = 1 end
@@ -55,7 +63,7 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 local last = '0-0'
 local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
 if newest[1] then last = newest[1][1] end
-return {continuous, last, redis.call('ZCARD', KEYS[1]), grace}
+return {continuous, last, redis.call('ZCARD', KEYS[1]), since}
 ";
 
 /// Whether every member with a live lease has applied entry
@@ -93,6 +101,15 @@ end
 return {behind, wait}
 ";
 
+/// How long writers still wait out the fleet record's first lease (`ARGV[1]`),
+/// starting the record when there is none.
+const GRACE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SET', KEYS[1], now) end
+return math.max(0, tonumber(redis.call('GET', KEYS[1])) + tonumber(ARGV[1]) - now)
+";
+
 /// Longest pause between two looks at the members while waiting, in case a
 /// notice is lost (the notice subscriber reconnecting).
 const LONGEST_POLL: Duration = Duration::from_millis(20);
@@ -100,43 +117,71 @@ const LONGEST_POLL: Duration = Duration::from_millis(20);
 /// What a renewal found.
 pub(super) struct Renewal {
     pub(super) sent_at: Instant,
+    /// The member's lease epoch when it was sent: a reply to a renewal sent
+    /// before the member gave its lease up says nothing of the lease now.
+    pub(super) epoch: u64,
+    /// When the fleet's record in Redis began.
+    pub(super) fleet_since: u64,
     pub(super) continuous: bool,
     pub(super) last: StreamPosition,
     pub(super) members: u64,
-    /// How long writers still wait out the fleet record's first lease.
-    pub(super) grace: Duration,
 }
 
 impl FleetSync {
     /// Renews this member's lease, publishing its position.
     pub(super) async fn renew(&self) -> Result<Renewal, FleetError> {
         let keys = &self.inner.keys;
-        let position = self.state().position;
+        let (position, epoch) = {
+            let state = self.state();
+            (state.position, state.lease_epoch)
+        };
         let sent_at = Instant::now();
         let mut connection = self.inner.connection.get().await?;
-        let (continuous, last, members, grace_ms): (u8, StreamPosition, u64, u64) =
-            Script::new(RENEW)
-                .key(&keys.leases)
-                .key(&keys.applied)
-                .key(&keys.since)
-                .key(&keys.stream)
-                .arg(&self.inner.member)
-                .arg(self.inner.settings.lease.as_millis() as u64)
-                .arg(position)
-                .invoke_async(&mut connection)
-                .await?;
+        let reply: Result<(u8, StreamPosition, u64, u64), _> = Script::new(RENEW)
+            .key(&keys.leases)
+            .key(&keys.applied)
+            .key(&keys.since)
+            .key(&keys.stream)
+            .arg(&self.inner.member)
+            .arg(self.inner.settings.lease.as_millis() as u64)
+            .arg(position)
+            .invoke_async(&mut connection)
+            .await;
+        let (continuous, last, members, fleet_since) = reply.inspect_err(|_| {
+            // It may have run in Redis and found the lease lapsed: the next
+            // renewal cannot tell, so it must not count as continuous.
+            self.state().lease_in_doubt = true;
+        })?;
         Ok(Renewal {
             sent_at,
+            epoch,
+            fleet_since,
             continuous: continuous == 1,
             last,
             members,
-            grace: Duration::from_millis(grace_ms),
         })
+    }
+
+    /// How long writers still wait out the fleet record's first lease.
+    pub(super) async fn grace(&self) -> Result<Duration, FleetError> {
+        let mut connection = self.inner.connection.get().await?;
+        let grace_ms: u64 = Script::new(GRACE)
+            .key(&self.inner.keys.since)
+            .arg(self.inner.settings.lease.as_millis() as u64)
+            .invoke_async(&mut connection)
+            .await?;
+        Ok(Duration::from_millis(grace_ms))
     }
 
     /// Gives up this member's lease at once (leaving, or recovering), so
     /// that writers stop waiting for it.
     pub(super) async fn withdraw(&self) {
+        {
+            let mut state = self.state();
+            state.lease_epoch += 1;
+            state.fence_at = None;
+        }
+        self.refresh_fence();
         let keys = &self.inner.keys;
         let withdrawn: Result<(), FleetError> = async {
             let mut connection = self.inner.connection.get().await?;

@@ -48,9 +48,20 @@
 //!   `{name}:settings`; a member configured otherwise refuses to join with
 //!   [`FleetError::SettingsDiffer`].
 //!
-//! **What the fleet does not cover.** Keys inserted with [`Guard::insert`]
-//! alone reach no other member, and a member that replaces its set from a
-//! snapshot forgets them: in a fleet, write through the `FleetSync`.
+//! **What the fleet does not cover.**
+//! - Keys inserted with [`Guard::insert`] alone reach no other member, and a
+//!   member that replaces its set from a snapshot forgets them: in a fleet,
+//!   write through the `FleetSync`.
+//! - A Redis failover to an asynchronous replica can lose acknowledged
+//!   entries without the members noticing (the append does not `WAIT` for
+//!   replicas). Run the fleet's Redis as one primary, with or without
+//!   persistence: a restart that loses its data is noticed (the fleet's
+//!   record begins anew) and handled.
+//! - Members without a source recover only from snapshots: if every one of
+//!   them falls behind the trimmed stream at once, none can publish one and
+//!   all stay fenced (answering `MaybePresent`) until one is restarted with
+//!   a snapshot to load. [`snapshot_every`](FleetSyncBuilder::snapshot_every)
+//!   keeps one at hand.
 //!
 //! **Clocks.** Durations are measured on each machine's monotonic clock and on
 //! Redis's; no wall clock is compared. The leases assume that these clocks
@@ -209,8 +220,15 @@ struct MemberState {
     /// The stream was trimmed past this member: it needs a snapshot, or a
     /// rebuild of its own.
     recovering: bool,
-    /// Another member published its rebuilt set: replace ours with it.
-    rebuilt_elsewhere: bool,
+    /// Another member published its rebuilt set (this snapshot version):
+    /// replace ours with it.
+    rebuilt_elsewhere: Option<u64>,
+    /// Bumped whenever this member gives its lease up.
+    lease_epoch: u64,
+    /// A renewal failed: it may have found the lease lapsed.
+    lease_in_doubt: bool,
+    /// When the fleet's record in Redis began, as of the last renewal.
+    fleet_since: Option<u64>,
     /// When the consumer last read the stream (a renewal needs a live consumer).
     last_read_at: Option<Instant>,
     /// Whether the guard is fenced now.
@@ -411,6 +429,9 @@ impl FleetSync {
     /// returns one lease later: until then writers cannot know that no member
     /// from before still counts on its lease (see `membership.rs`).
     ///
+    /// A fenced guard stays fenced after its member leaves or its tasks end:
+    /// nothing keeps it up to date any more.
+    ///
     /// # Errors
     /// [`FleetError::SettingsDiffer`]; Redis errors. The guard is left as it was.
     ///
@@ -441,13 +462,21 @@ impl FleetSync {
         self.state().fenced = true;
         self.inner.counters.count_fence();
         if let Err(error) = self.enter().instrument(self.span("join")).await {
-            self.inner.guard.set_fenced(was_fenced);
-            self.state().fenced = was_fenced;
+            // A set replaced from a snapshot lacks what the stream after it
+            // holds: it stays fenced.
+            let mut state = self.state();
+            if state.replacements == 0 {
+                self.inner.guard.set_fenced(was_fenced);
+                state.fenced = was_fenced;
+            }
             return Err(error);
         }
         self.take_rebuild_turns();
         let member = self.clone();
         let task = StoppableTask::spawn("fleet member", shutdown, |stop| async move {
+            // However the tasks end (left, panicked, aborted), nothing keeps
+            // the guard up to date any more.
+            let _fence = FenceOnDrop(member.inner.guard.clone());
             let run = async {
                 tokio::join!(
                     member.consume(),
@@ -469,7 +498,13 @@ impl FleetSync {
     /// takes the first lease.
     async fn enter(&self) -> Result<(), FleetError> {
         self.check_settings().await?;
-        let snapshot = match self.load_covering_snapshot(false).await {
+        // A fleet record younger than a lease (a new fleet, or a Redis that
+        // lost its data) holds every write for the rest of that lease: wait
+        // it out here rather than in the first writes, and before choosing
+        // where to start, so that members from before a data loss have
+        // renewed (and published what they hold) by then.
+        tokio::time::sleep(self.grace().await?).await;
+        let snapshot = match self.load_covering_snapshot(None).await {
             Err(FleetError::Redis(error)) => return Err(error.into()),
             Err(error) => {
                 tracing::warn!(%error, "fleet snapshot refused; joining from the stream");
@@ -488,12 +523,7 @@ impl FleetSync {
         };
         self.state().position = start;
         let renewal = self.renew().await?;
-        let grace = renewal.grace;
         self.renewed(renewal);
-        // A fleet record younger than a lease (a new fleet, or a Redis that
-        // lost its data) holds every write for the rest of that lease: wait
-        // it out here rather than in the first writes.
-        tokio::time::sleep(grace).await;
         Ok(())
     }
 
@@ -538,28 +568,43 @@ impl FleetSync {
     /// stays fenced, since nothing keeps it up to date any more.
     async fn leave(&self) {
         self.inner.guard.set_rebuild_turns(None);
-        {
-            let mut state = self.state();
-            state.fence_at = None;
-        }
-        self.refresh_fence();
         self.withdraw().await;
     }
 
     /// Takes in what a renewal found.
     fn renewed(&self, renewal: Renewal) {
-        {
+        let lost_data = {
             let mut state = self.state();
+            if renewal.epoch != state.lease_epoch {
+                // Sent before this member gave its lease up.
+                return;
+            }
             let lease = self.inner.settings.lease;
             state.fence_at = Some(renewal.sent_at + lease - lease / 8);
             state.renewed_at = Some(renewal.sent_at);
             state.members = renewal.members;
-            if !renewal.continuous && renewal.last > state.position {
+            let in_doubt = std::mem::take(&mut state.lease_in_doubt);
+            let lost_data = state
+                .fleet_since
+                .replace(renewal.fleet_since)
+                .is_some_and(|since| since != renewal.fleet_since);
+            if (!renewal.continuous || in_doubt || lost_data) && renewal.last > state.position {
                 // Writers may have counted this member out while its lease
                 // had lapsed: it must hold what they appended until now.
                 let target = state.catch_up_to.unwrap_or_default().max(renewal.last);
                 state.catch_up_to = Some(target);
             }
+            if lost_data && state.fenced {
+                // Entries acknowledged without this member may be gone with
+                // Redis's data: only a snapshot or a rebuild has them.
+                state.recovering = true;
+            }
+            lost_data
+        };
+        if lost_data {
+            tracing::warn!("the fleet's record in Redis is new: Redis lost its data");
+            // Members that were caught up hold what the others lack now.
+            self.inner.snapshot_requested.notify_one();
         }
         self.inner.lease_changed.notify_one();
         self.refresh_fence();
@@ -619,6 +664,15 @@ impl fmt::Debug for FleetSync {
             .field("stream", &self.inner.keys.stream)
             .field("state", &*self.state())
             .finish_non_exhaustive()
+    }
+}
+
+/// Fences its guard when dropped.
+struct FenceOnDrop(Guard);
+
+impl Drop for FenceOnDrop {
+    fn drop(&mut self) {
+        self.0.set_fenced(true);
     }
 }
 
@@ -685,5 +739,79 @@ impl FleetHandle {
     /// Whether the tasks ended by panicking (logged at ERROR when they did).
     pub fn panicked(&self) -> bool {
         self.task.panicked()
+    }
+}
+
+/// The lease bookkeeping's answers to replies that arrive late, get lost,
+/// or come from a Redis that lost its data: what a member fenced for
+/// stays fenced until it has caught up (or recovered).
+#[cfg(all(test, not(bloomguard_loom)))]
+mod tests {
+    use super::*;
+
+    fn member() -> FleetSync {
+        let guard = Guard::builder().expected_items(1_000).build().unwrap();
+        let client = Client::open("redis://127.0.0.1:1/").unwrap();
+        let member = FleetSync::builder(guard, client, "t").build();
+        member.state().fleet_since = Some(1);
+        member.state().position = "100-0".parse().unwrap();
+        member
+    }
+
+    fn renewal(member: &FleetSync, continuous: bool, fleet_since: u64) -> Renewal {
+        Renewal {
+            sent_at: Instant::now(),
+            epoch: member.state().lease_epoch,
+            fleet_since,
+            continuous,
+            last: "200-0".parse().unwrap(),
+            members: 2,
+        }
+    }
+
+    #[test]
+    fn a_renewal_after_one_whose_reply_was_lost_does_not_count_as_continuous() {
+        let member = member();
+        member.renewed(renewal(&member, true, 1));
+        assert!(!member.guard().is_fenced(), "live lease, caught up");
+        // The failed renewal may have run in Redis and found the lease lapsed.
+        member.state().lease_in_doubt = true;
+        member.renewed(renewal(&member, true, 1));
+        assert!(
+            member.guard().is_fenced(),
+            "fenced until the stream up to 200-0 is applied"
+        );
+        assert_eq!(member.state().catch_up_to, Some("200-0".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_renewal_sent_before_the_lease_was_given_up_is_ignored() {
+        let member = member();
+        let stale = renewal(&member, true, 1);
+        member.state().lease_epoch += 1; // what `withdraw` does
+        member.state().fence_at = None;
+        member.renewed(stale);
+        assert_eq!(member.state().fence_at, None);
+        member.refresh_fence();
+        assert!(member.guard().is_fenced());
+    }
+
+    #[test]
+    fn a_fenced_member_of_a_redis_that_lost_its_data_recovers() {
+        let member = member();
+        member.state().fenced = true;
+        member.guard().set_fenced(true);
+        member.renewed(renewal(&member, false, 2));
+        assert!(member.state().recovering, "what it missed may be gone");
+        assert!(member.guard().is_fenced());
+
+        let caught_up = self::member();
+        caught_up.renewed(renewal(&caught_up, true, 1));
+        caught_up.state().position = "200-0".parse().unwrap();
+        caught_up.renewed(renewal(&caught_up, false, 2));
+        assert!(
+            !caught_up.state().recovering,
+            "it holds every acknowledged key"
+        );
     }
 }

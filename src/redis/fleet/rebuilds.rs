@@ -99,17 +99,22 @@ impl FleetSync {
         }
     }
 
-    /// Another member published its rebuilt set.
-    pub(super) fn rebuilt_elsewhere(&self, by: &[u8]) {
-        if by != self.inner.member.as_bytes() {
-            self.state().rebuilt_elsewhere = true;
+    /// Another member published its rebuilt set: `notice` is
+    /// "{member} {snapshot version}".
+    pub(super) fn rebuilt_elsewhere(&self, notice: &[u8]) {
+        let notice = String::from_utf8_lossy(notice);
+        let Some((by, version)) = notice.rsplit_once(' ') else {
+            return;
+        };
+        if let (true, Ok(version)) = (by != self.inner.member, version.parse()) {
+            self.state().rebuilt_elsewhere = Some(version);
         }
     }
 
     /// Replaces this member's set with the rebuilt one (the consumer does,
     /// between two reads). Kept as it is when the snapshot cannot be used.
-    pub(super) async fn replace_with_rebuilt(&self) {
-        match self.load_covering_snapshot(true).await {
+    pub(super) async fn replace_with_rebuilt(&self, version: u64) {
+        match self.load_covering_snapshot(Some(version)).await {
             Ok(Some(_)) => self.refresh_fence(),
             Ok(None) => tracing::debug!("the rebuilt set's stream was trimmed; keeping ours"),
             Err(error) => tracing::warn!(%error, "rebuilt set not loaded; keeping ours"),

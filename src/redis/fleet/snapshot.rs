@@ -51,7 +51,7 @@ enum Read {
     None,
     /// Its chunks were deleted while we read them.
     Replaced,
-    Snapshot(StreamPosition, LiveSnapshot),
+    Snapshot(StreamPosition, u64, LiveSnapshot),
 }
 
 impl FleetSync {
@@ -111,7 +111,7 @@ impl FleetSync {
             .await?;
         let notice = match notice {
             Notice::Snapshot => "snapshot".to_owned(),
-            Notice::Rebuilt => format!("rebuilt {}", self.inner.member),
+            Notice::Rebuilt => format!("rebuilt {} {version}", self.inner.member),
         };
         let _: i64 = redis::cmd("PUBLISH")
             .arg(&keys.notices)
@@ -135,8 +135,8 @@ impl FleetSync {
     /// its position: replaces the live set with it (fenced, until the stream
     /// after it is applied), ends warming, and moves this member's position
     /// to it. `Ok(None)` when there is no snapshot, or one that the stream
-    /// no longer continues. A `rebuilt` snapshot counts as this member's
-    /// rebuild too.
+    /// no longer continues. The snapshot of version `rebuilt` (another
+    /// member's rebuild) counts as this member's rebuild too.
     ///
     /// # Errors
     /// A snapshot that does not decode, or whose filters have another seed,
@@ -144,7 +144,7 @@ impl FleetSync {
     /// the guard keeps what it has; [`FleetError::KeptChanging`].
     pub(super) async fn load_covering_snapshot(
         &self,
-        rebuilt: bool,
+        rebuilt: Option<u64>,
     ) -> Result<Option<StreamPosition>, FleetError> {
         // A publish that replaces the snapshot while we read it deletes the
         // chunks we are reading: read the new one then.
@@ -152,14 +152,14 @@ impl FleetSync {
             match self.read_snapshot().await? {
                 Read::None => return Ok(None),
                 Read::Replaced => continue,
-                Read::Snapshot(position, set) => {
+                Read::Snapshot(position, version, set) => {
                     if self.trimmed_to().await? > position {
                         return Ok(None);
                     }
                     let mut state = self.state();
                     self.inner
                         .guard
-                        .replace_from_snapshot(set, true, rebuilt)
+                        .replace_from_snapshot(set, true, rebuilt == Some(version))
                         .map_err(FleetError::Incompatible)?;
                     state.fenced = true;
                     state.replacements += 1;
@@ -206,7 +206,7 @@ impl FleetSync {
             }
         }
         let set = LiveSnapshot::from_bytes(&encoded).map_err(FleetError::Decode)?;
-        Ok(Read::Snapshot(manifest.position, set))
+        Ok(Read::Snapshot(manifest.position, manifest.version, set))
     }
 
     /// Publishes a snapshot every `snapshot_every`, and when a member asks

@@ -181,8 +181,9 @@ impl FleetSync {
                 self.recover().await;
                 continue;
             }
-            if std::mem::take(&mut self.state().rebuilt_elsewhere) {
-                self.replace_with_rebuilt().await;
+            let rebuilt = self.state().rebuilt_elsewhere.take();
+            if let Some(version) = rebuilt {
+                self.replace_with_rebuilt(version).await;
             }
             let Some(connection) = reader.as_mut() else {
                 match self.connect_reader().await {
@@ -253,8 +254,17 @@ impl FleetSync {
             let keys = match entry.map.get("k") {
                 Some(Value::BulkString(encoded)) => decode_keys(encoded),
                 _ => None,
-            }
-            .ok_or(FleetError::UnexpectedReply("a stream entry without keys"))?;
+            };
+            // Not written by a member (every append encodes its keys): no
+            // write waits on it, and reading it again would stall the fleet.
+            let Some(keys) = keys else {
+                tracing::warn!(id = %entry.id, "skipping a stream entry a member did not write");
+                newest = entry
+                    .id
+                    .parse()
+                    .map_err(|_| FleetError::UnexpectedReply("stream id"))?;
+                continue;
+            };
             for key in &keys {
                 self.inner.guard.insert(key);
             }
@@ -350,14 +360,10 @@ impl FleetSync {
     /// until caught up after.
     async fn recover(&self) {
         self.inner.counters.count_recovery();
-        {
-            self.state().fence_at = None;
-        }
-        self.refresh_fence();
         self.withdraw().await;
         loop {
             let published = self.inner.snapshot_published.notified();
-            match self.load_covering_snapshot(false).await {
+            match self.load_covering_snapshot(None).await {
                 Ok(Some(_)) => break,
                 Ok(None) => {}
                 Err(error) => tracing::warn!(%error, "fleet snapshot not loaded"),

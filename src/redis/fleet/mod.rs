@@ -678,6 +678,9 @@ impl Drop for FenceOnDrop {
 
 /// A fleet write in progress, from [`FleetSync::begin_write`]: every member
 /// holds the key. Make the store write, then call [`finish`](Self::finish).
+/// Dropped unfinished, it is taken for a fast write: one slower than half
+/// the write settle may then be missed by a member whose rebuild read its
+/// source before the write landed, until that member's next rebuild.
 #[must_use = "call `finish` once the store write has landed"]
 pub struct FleetWrite {
     fleet: FleetSync,

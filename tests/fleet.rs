@@ -343,7 +343,10 @@ async fn a_member_the_trimmed_stream_left_behind_recovers_from_a_snapshot() {
     proxy.resume();
     caught_up(&b).await;
     let report = audit.finish().await;
-    assert!(report.answered_fenced[0], "the fenced member answered MaybePresent");
+    assert!(
+        report.answered_fenced[0],
+        "the fenced member answered MaybePresent"
+    );
     assert!(b.fleet.stats().recoveries >= 1, "{:?}", b.fleet.stats());
     for key in ledger.completed() {
         assert_eq!(b.guard().check(&key), Verdict::MaybePresent, "{key}");

@@ -13,6 +13,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use redis::Script;
 
@@ -64,19 +65,23 @@ impl FleetSync {
     /// Whether this member may rebuild now. When Redis cannot say, it may:
     /// its own rebuild is safe, only not shared.
     async fn take_rebuild_turn(&self) -> bool {
-        let taken: Result<Option<String>, FleetError> = async {
-            let mut connection = self.inner.connection.get().await?;
-            Ok(redis::cmd("SET")
-                .arg(&self.inner.keys.rebuild_lock)
-                .arg(&self.inner.member)
-                .arg("NX")
-                .arg("PX")
-                .arg(self.inner.guard.rebuild_timeout().as_millis() as u64)
-                .query_async(&mut connection)
-                .await?)
-        }
-        .await;
-        taken.is_err() || matches!(taken, Ok(Some(_)))
+        let lock = &self.inner.keys.rebuild_lock;
+        let hold = self.inner.guard.rebuild_timeout();
+        self.take_lock(lock, hold).await.unwrap_or(true)
+    }
+
+    /// Takes the lock in `key` for `hold` unless another member holds it.
+    pub(super) async fn take_lock(&self, key: &str, hold: Duration) -> Result<bool, FleetError> {
+        let mut connection = self.inner.connection.get().await?;
+        let taken: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(&self.inner.member)
+            .arg("NX")
+            .arg("PX")
+            .arg(hold.as_millis() as u64)
+            .query_async(&mut connection)
+            .await?;
+        Ok(taken.is_some())
     }
 
     /// Publishes the set this member just rebuilt for the others to

@@ -238,18 +238,10 @@ impl FleetSync {
         if self.inner.guard.is_fenced() || self.inner.guard.is_warming() {
             return false;
         }
-        let taken: Result<Option<String>, FleetError> = async {
-            let mut connection = self.inner.connection.get().await?;
-            Ok(redis::cmd("SET")
-                .arg(&self.inner.keys.snapshot_lock)
-                .arg(&self.inner.member)
-                .arg("NX")
-                .arg("PX")
-                .arg(self.inner.settings.lease.as_millis() as u64)
-                .query_async(&mut connection)
-                .await?)
-        }
-        .await;
-        matches!(taken, Ok(Some(_)))
+        let lock = &self.inner.keys.snapshot_lock;
+        matches!(
+            self.take_lock(lock, self.inner.settings.lease).await,
+            Ok(true)
+        )
     }
 }

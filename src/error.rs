@@ -456,3 +456,35 @@ impl fmt::Display for InvalidStreamPosition {
 
 #[cfg(feature = "redis")]
 impl std::error::Error for InvalidStreamPosition {}
+
+/// A [`PgLoader`](crate::postgres::PgLoader) call that failed (the `postgres` feature).
+#[cfg(feature = "postgres")]
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum PgLoadError {
+    /// The database's error, as sqlx reports it: unreachable, a missing
+    /// table or column, a value of another type.
+    Database(sqlx::Error),
+    /// The call took longer than the loader's timeout.
+    TimedOut(std::time::Duration),
+}
+
+#[cfg(feature = "postgres")]
+impl fmt::Display for PgLoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Database(error) => write!(f, "postgres: {error}"),
+            Self::TimedOut(timeout) => write!(f, "postgres: no answer within {timeout:?}"),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl std::error::Error for PgLoadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Database(error) => Some(error),
+            Self::TimedOut(_) => None,
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! PostgreSQL as the store behind a guard (the `postgres` feature, through
+//! sqlx): [`PgSource`] streams a table's keys for rebuilds, [`PgLoader`]
+//! reads values, one key with `= $1` and a batch with `= ANY($1)`.
+//!
+//! Both take a [`PgPool`], which reconnects on its own: a pass or a load
+//! made while the database is gone fails (the rebuild is counted failed and
+//! retried, the old filter serving meanwhile), and the next one succeeds once
+//! it is back.
+//!
+//! Table and column names are quoted as identifiers (a name with a `"` in it
+//! stays a name), so they cannot inject SQL; a query given to
+//! [`PgSource::from_query`] is SQL by intent, and is the caller's to trust.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::{TryStreamExt, stream};
+use sqlx::postgres::{PgPool, Postgres};
+
+pub use crate::error::PgLoadError;
+use crate::guard::source::{KeySource, KeyStream, SourceError};
+use crate::loader::Loader;
+
+/// `"name"`, or `"schema"."name"`: identifiers quoted so that no name can
+/// end the identifier early.
+fn quoted(name: &str) -> String {
+    name.split('.')
+        .map(|part| format!("\"{}\"", part.replace('"', "\"\"")))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// Turns a stored key into the bytes the guard holds.
+type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
+
+/// Every key of a table (or query), streamed by keyset pagination: each page
+/// is `… WHERE key > $last ORDER BY key LIMIT n`, its own short statement, so
+/// a rebuild of a hundred million rows holds no long transaction and one
+/// page in memory. The key column must be text (`text`, `varchar`), and
+/// should be indexed (a primary key is).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use bloomguard::{Guard, postgres::PgSource};
+///
+/// let pool = sqlx::PgPool::connect("postgres://app@127.0.0.1/app").await?;
+/// let guard = Guard::builder()
+///     .expected_items(10_000_000)
+///     .source(PgSource::new(pool, "items", "id").map_key(|id| format!("item:{id}").into_bytes()))
+///     .build()?;
+/// # let _ = guard;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PgSource {
+    pool: PgPool,
+    /// `SELECT key … ORDER BY key LIMIT $1`.
+    first_page: String,
+    /// `SELECT key … WHERE key > $1 ORDER BY key LIMIT $2`.
+    next_page: String,
+    page: i64,
+    map_key: Option<KeyMap>,
+}
+
+impl PgSource {
+    /// Keys per page unless told.
+    pub const DEFAULT_PAGE: i64 = 10_000;
+
+    /// The keys in column `key_column` of `table` (`"name"` or
+    /// `"schema.name"`).
+    pub fn new(pool: PgPool, table: &str, key_column: &str) -> Self {
+        Self::over(pool, &quoted(table), &quoted(key_column))
+    }
+
+    /// The keys in column `key_column` of the rows `query` returns (a
+    /// `SELECT`, wrapped as a subquery: `SELECT id FROM items WHERE NOT deleted`).
+    pub fn from_query(pool: PgPool, query: &str, key_column: &str) -> Self {
+        Self::over(pool, &format!("({query}) AS listed"), &quoted(key_column))
+    }
+
+    fn over(pool: PgPool, relation: &str, key: &str) -> Self {
+        Self {
+            pool,
+            first_page: format!("SELECT {key} FROM {relation} ORDER BY {key} LIMIT $1"),
+            next_page: format!(
+                "SELECT {key} FROM {relation} WHERE {key} > $1 ORDER BY {key} LIMIT $2"
+            ),
+            page: Self::DEFAULT_PAGE,
+            map_key: None,
+        }
+    }
+
+    /// Keys per page (at least 1).
+    #[must_use]
+    pub fn page(mut self, keys: i64) -> Self {
+        self.page = keys.max(1);
+        self
+    }
+
+    /// What the guard holds for a stored key, when the application checks
+    /// something else than the column's text (a prefix, an encoding).
+    #[must_use]
+    pub fn map_key(mut self, map: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static) -> Self {
+        self.map_key = Some(Arc::new(map));
+        self
+    }
+
+    async fn page_after(&self, last: Option<&str>) -> Result<Vec<String>, sqlx::Error> {
+        let page = match last {
+            None => sqlx::query_scalar(&self.first_page).bind(self.page),
+            Some(last) => sqlx::query_scalar(&self.next_page)
+                .bind(last)
+                .bind(self.page),
+        };
+        page.fetch_all(&self.pool).await
+    }
+}
+
+impl KeySource for PgSource {
+    /// One pass, a page at a time, until a page comes back short.
+    fn scan(&self) -> KeyStream<'_> {
+        // `None`: done; `Some(None)`: the first page; `Some(Some(key))`: after `key`.
+        let pages = stream::try_unfold(Some(None::<String>), move |after| async move {
+            let Some(after) = after else {
+                return Ok::<_, sqlx::Error>(None); // past the last page
+            };
+            let keys = self.page_after(after.as_deref()).await?;
+            let next = (keys.len() as i64 == self.page).then(|| keys.last().cloned());
+            let batch = keys
+                .iter()
+                .map(|key| match &self.map_key {
+                    Some(map) => map(key),
+                    None => key.as_bytes().to_vec(),
+                })
+                .collect();
+            Ok(Some((batch, next.flatten().map(Some))))
+        });
+        Box::pin(pages.map_err(SourceError::new))
+    }
+}
+
+impl fmt::Debug for PgSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgSource")
+            .field("next_page", &self.next_page)
+            .field("page", &self.page)
+            .field("map_key", &self.map_key.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Values from a table: `SELECT value … WHERE key = $1` for one key, `… WHERE
+/// key = ANY($1)` for a batch (one round trip). Use it as a [`Loader`] for
+/// [`GuardedLoader`](crate::GuardedLoader), or as a `tower::Service` behind
+/// [`GuardLayer::for_loader`](crate::GuardLayer::for_loader). `V` is what the
+/// value column decodes to (`String` for text, `Vec<u8>` for bytea, …).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use bloomguard::{Guard, GuardedLoader, postgres::PgLoader};
+///
+/// let pool = sqlx::PgPool::connect("postgres://app@127.0.0.1/app").await?;
+/// let guard = Guard::builder().expected_items(1_000_000).build()?;
+/// let names = GuardedLoader::new(guard, PgLoader::<String>::new(pool, "items", "id", "name"));
+/// let name = names.get("42".to_owned()).await?;
+/// # let _ = name;
+/// # Ok(())
+/// # }
+/// ```
+pub struct PgLoader<V> {
+    pool: PgPool,
+    one: Arc<str>,
+    many: Arc<str>,
+    timeout: Duration,
+    value: PhantomData<fn() -> V>,
+}
+
+impl<V> Clone for PgLoader<V> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            one: Arc::clone(&self.one),
+            many: Arc::clone(&self.many),
+            timeout: self.timeout,
+            value: PhantomData,
+        }
+    }
+}
+
+impl<V> PgLoader<V>
+where
+    V: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres> + Send + Unpin + 'static,
+{
+    /// How long one call may take unless told.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+    /// Reads column `value_column` of the row of `table` whose text column
+    /// `key_column` is the key.
+    pub fn new(pool: PgPool, table: &str, key_column: &str, value_column: &str) -> Self {
+        let (table, key, value) = (quoted(table), quoted(key_column), quoted(value_column));
+        Self {
+            pool,
+            one: format!("SELECT {value} FROM {table} WHERE {key} = $1").into(),
+            many: format!("SELECT {key}, {value} FROM {table} WHERE {key} = ANY($1)").into(),
+            timeout: Self::DEFAULT_TIMEOUT,
+            value: PhantomData,
+        }
+    }
+
+    /// How long one call may take (default [`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT)).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The value of `key`, `None` if no row has it.
+    ///
+    /// # Errors
+    /// The database's error (a missing table, a bad column type…) or
+    /// [`PgLoadError::TimedOut`].
+    pub async fn get(&self, key: &str) -> Result<Option<V>, PgLoadError> {
+        let query = sqlx::query_scalar(&self.one)
+            .bind(key)
+            .fetch_optional(&self.pool);
+        self.within_timeout(query).await
+    }
+
+    /// The values of `keys`, in their order, in one round trip.
+    ///
+    /// # Errors
+    /// As [`get`](Self::get).
+    pub async fn get_many<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<Option<V>>, PgLoadError>
+    where
+        V: Clone,
+    {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let asked: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
+        let query = sqlx::query_as::<_, (String, V)>(&self.many)
+            .bind(&asked)
+            .fetch_all(&self.pool);
+        let found: std::collections::HashMap<String, V> =
+            self.within_timeout(query).await?.into_iter().collect();
+        // A key asked twice is answered twice.
+        Ok(asked.iter().map(|key| found.get(*key).cloned()).collect())
+    }
+
+    async fn within_timeout<T>(
+        &self,
+        query: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, PgLoadError> {
+        tokio::time::timeout(self.timeout, query)
+            .await
+            .map_err(|_| PgLoadError::TimedOut(self.timeout))?
+            .map_err(PgLoadError::Database)
+    }
+}
+
+impl<K, V> Loader<K> for PgLoader<V>
+where
+    K: AsRef<str> + Send + 'static,
+    V: for<'r> sqlx::Decode<'r, Postgres>
+        + sqlx::Type<Postgres>
+        + Clone
+        + Send
+        + Sync
+        + Unpin
+        + 'static,
+{
+    type Value = V;
+    type Error = PgLoadError;
+
+    fn load(&self, key: K) -> impl Future<Output = Result<Option<V>, PgLoadError>> + Send {
+        let loader = self.clone();
+        async move { loader.get(key.as_ref()).await }
+    }
+
+    /// One `= ANY($1)` for the batch.
+    fn load_many(
+        &self,
+        keys: Vec<K>,
+    ) -> impl Future<Output = Result<Vec<Option<V>>, PgLoadError>> + Send {
+        let loader = self.clone();
+        let keys: Vec<String> = keys.iter().map(|key| key.as_ref().to_owned()).collect();
+        async move { loader.get_many(&keys).await }
+    }
+}
+
+impl<K, V> tower_service::Service<K> for PgLoader<V>
+where
+    K: AsRef<str> + Send + 'static,
+    V: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres> + Send + Unpin + 'static,
+{
+    type Response = Option<V>;
+    type Error = PgLoadError;
+    type Future = Pin<Box<dyn Future<Output = Result<Option<V>, PgLoadError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), PgLoadError>> {
+        // The pool queues calls beyond its connections: always room for one.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, key: K) -> Self::Future {
+        let loader = self.clone();
+        Box::pin(async move { loader.get(key.as_ref()).await })
+    }
+}
+
+impl<V> fmt::Debug for PgLoader<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgLoader")
+            .field("many", &self.many)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(test, not(bloomguard_loom)))]
+mod tests {
+    use super::quoted;
+
+    #[test]
+    fn names_are_quoted_so_that_none_ends_the_identifier() {
+        assert_eq!(quoted("items"), "\"items\"");
+        assert_eq!(quoted("app.items"), "\"app\".\"items\"");
+        assert_eq!(
+            quoted("x\"; DROP TABLE t; --"),
+            "\"x\"\"; DROP TABLE t; --\""
+        );
+    }
+}

@@ -1,0 +1,144 @@
+//! A PostgreSQL server of a test's own: `initdb` into a temporary directory
+//! (as the unprivileged `postgres` user when the tests run as root, since
+//! PostgreSQL refuses to run as root), `pg_ctl` on a free loopback port,
+//! stopped and removed on drop. Without PostgreSQL's programs the test fails,
+//! saying what to install: a test that skipped would still be reported as
+//! passed.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub(crate) struct PostgresServer {
+    pub(crate) port: u16,
+    data: PathBuf,
+    bin: PathBuf,
+    running: bool,
+}
+
+impl PostgresServer {
+    /// Creates a cluster and starts it.
+    ///
+    /// # Panics
+    /// When PostgreSQL's programs are missing or the server does not start.
+    pub(crate) fn start() -> Self {
+        let bin = find_bin().unwrap_or_else(|| {
+            panic!(
+                "this test needs PostgreSQL's initdb and pg_ctl (apt-get install -y postgresql): \
+                 not on the PATH nor under /usr/lib/postgresql/*/bin"
+            )
+        });
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let data =
+            std::env::temp_dir().join(format!("bloomguard-pg-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&data).unwrap();
+        if is_root() {
+            run(Command::new("chown").arg("postgres:").arg(&data));
+        }
+        run(as_postgres(&bin.join("initdb"))
+            .args(["--auth=trust", "--username=postgres", "--no-sync", "-D"])
+            .arg(&data));
+        let mut server = Self {
+            port,
+            data,
+            bin,
+            running: false,
+        };
+        server.start_again();
+        server
+    }
+
+    /// Starts the stopped server again, on the same port.
+    pub(crate) fn start_again(&mut self) {
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off",
+            self.port,
+            self.data.display()
+        );
+        run(as_postgres(&self.bin.join("pg_ctl"))
+            .args(["-w", "-D"])
+            .arg(&self.data)
+            .args(["-o", &options, "-l"])
+            .arg(self.data.join("server.log"))
+            .arg("start"));
+        self.running = true;
+    }
+
+    /// Stops the server at once, dropping its connections (`-m immediate`).
+    pub(crate) fn stop(&mut self) {
+        if self.running {
+            run(as_postgres(&self.bin.join("pg_ctl"))
+                .args(["-w", "-m", "immediate", "-D"])
+                .arg(&self.data)
+                .arg("stop"));
+            self.running = false;
+        }
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// A pool that gives up quickly while the server is away.
+    pub(crate) async fn pool(&self) -> sqlx::PgPool {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(std::time::Duration::from_secs(2))
+            .connect(&self.url())
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+/// The directory holding `initdb` and `pg_ctl`: the `PATH`, or Debian's.
+fn find_bin() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>());
+    let debian = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|version| version.path().join("bin"));
+    on_path
+        .chain(debian)
+        .find(|dir| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file())
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| out.stdout.starts_with(b"0\n"))
+}
+
+/// `program`, run as the `postgres` user when we are root.
+fn as_postgres(program: &Path) -> Command {
+    if is_root() {
+        let mut command = Command::new("runuser");
+        command.args(["-u", "postgres", "--"]).arg(program);
+        command
+    } else {
+        Command::new(program)
+    }
+}
+
+fn run(command: &mut Command) {
+    let output = command.output().expect("a PostgreSQL program runs");
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -1,0 +1,199 @@
+//! The `postgres` feature against a real PostgreSQL server that each test
+//! starts (`initdb` into a temporary directory, `pg_ctl` on a free loopback
+//! port) and removes.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bloomguard::postgres::{PgLoadError, PgLoader, PgSource};
+use bloomguard::source::{KeySource, KeyStream};
+use bloomguard::{Guard, GuardLayer, GuardedLoader, RebuildError, Verdict};
+use common::postgres_server::PostgresServer;
+use futures_util::StreamExt;
+use tower::{Layer, ServiceExt};
+
+/// `items(id text primary key, name text)` with ids `0..rows`.
+async fn items(pool: &sqlx::PgPool, rows: i64) {
+    sqlx::query("CREATE TABLE items (id text PRIMARY KEY, name text NOT NULL)")
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO items SELECT i::text, 'item ' || i FROM generate_series(0, $1 - 1) i")
+        .bind(rows)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+fn guard_over(source: impl KeySource) -> Guard {
+    Guard::builder()
+        .expected_items(100_000)
+        .source(source)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_by_keyset_pages_holds_exactly_the_table() {
+    let server = PostgresServer::start();
+    let pool = server.pool().await;
+    items(&pool, 25_000).await;
+    // Pages of 1,000 (the last one full: the pass ends on an empty page).
+    let guard = guard_over(PgSource::new(pool.clone(), "items", "id").page(1_000));
+    let report = guard.rebuild().await.unwrap();
+    assert_eq!(report.keys, 25_000);
+    assert!((0..25_000).all(|i| guard.check(i.to_string()) == Verdict::MaybePresent));
+    let absent = (25_000..125_000)
+        .filter(|i| guard.check(i.to_string()).is_absent())
+        .count();
+    assert!(absent > 98_000, "{absent}");
+
+    // A query, and a key transform: the guard holds what the app checks.
+    let source = PgSource::from_query(
+        pool.clone(),
+        "SELECT id FROM items WHERE id LIKE '1%'",
+        "id",
+    )
+    .page(333)
+    .map_key(|id| format!("item:{id}").into_bytes());
+    let mapped = guard_over(source);
+    let report = mapped.rebuild().await.unwrap();
+    let expected = (0..25_000)
+        .filter(|i| i.to_string().starts_with('1'))
+        .count() as u64;
+    assert_eq!(report.keys, expected);
+    assert_eq!(mapped.check("item:1999"), Verdict::MaybePresent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_made_during_a_rebuild_survive_it() {
+    let server = PostgresServer::start();
+    let pool = server.pool().await;
+    items(&pool, 20_000).await;
+    let guard = guard_over(PgSource::new(pool.clone(), "items", "id").page(500));
+    guard.rebuild().await.unwrap();
+    let rebuilding = {
+        let guard = guard.clone();
+        tokio::spawn(async move {
+            for _ in 0..5 {
+                guard.rebuild().await.unwrap();
+            }
+        })
+    };
+    let mut written = Vec::new();
+    for i in 20_000..20_400 {
+        let id = i.to_string();
+        // The ordering rule: the guard first, then the database.
+        let insert = sqlx::query("INSERT INTO items VALUES ($1, 'new')")
+            .bind(&id)
+            .execute(&pool);
+        guard.insert_then_write(&id, insert).await.unwrap();
+        written.push(id);
+    }
+    rebuilding.await.unwrap();
+    guard.rebuild().await.unwrap();
+    for id in &written {
+        assert_eq!(guard.check(id), Verdict::MaybePresent, "{id}");
+    }
+}
+
+/// A source that stops the database after its first page.
+struct StopsTheServerMidPass {
+    source: PgSource,
+    server: Arc<std::sync::Mutex<PostgresServer>>,
+    stopped: AtomicBool,
+}
+
+impl KeySource for StopsTheServerMidPass {
+    fn scan(&self) -> KeyStream<'_> {
+        Box::pin(self.source.scan().enumerate().map(|(page, batch)| {
+            if page == 0 && !self.stopped.swap(true, Ordering::Relaxed) {
+                self.server.lock().unwrap().stop();
+            }
+            batch
+        }))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_restarted_mid_rebuild_fails_the_pass_and_the_retry_succeeds() {
+    let server = PostgresServer::start();
+    let pool = server.pool().await;
+    items(&pool, 10_000).await;
+    let server = Arc::new(std::sync::Mutex::new(server));
+    let guard = guard_over(StopsTheServerMidPass {
+        source: PgSource::new(pool.clone(), "items", "id").page(1_000),
+        server: Arc::clone(&server),
+        stopped: AtomicBool::new(false),
+    });
+    let failed = guard.rebuild().await.unwrap_err();
+    assert!(matches!(failed, RebuildError::Source(_)), "{failed}");
+    assert!(guard.is_warming(), "no partial filter was swapped in");
+    assert_eq!(guard.stats().rebuilds.failed, 1);
+
+    server.lock().unwrap().start_again();
+    let report = guard.rebuild().await.unwrap();
+    assert_eq!(report.keys, 10_000);
+    assert_eq!(guard.check("9999"), Verdict::MaybePresent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loader_reads_one_key_and_batches_in_one_query() {
+    let server = PostgresServer::start();
+    let pool = server.pool().await;
+    items(&pool, 1_000).await;
+    let guard = guard_over(PgSource::new(pool.clone(), "items", "id"));
+    guard.rebuild().await.unwrap();
+    let loader = PgLoader::<String>::new(pool.clone(), "items", "id", "name");
+    let gate = GuardedLoader::new(guard.clone(), loader.clone());
+
+    assert_eq!(
+        gate.get("7".to_owned()).await.unwrap().as_deref(),
+        Some("item 7")
+    );
+    assert_eq!(gate.get("absent".to_owned()).await.unwrap(), None);
+    let keys: Vec<String> = ["3", "nope", "999", "3"].map(String::from).to_vec();
+    let values = gate.get_many(&keys).await.unwrap();
+    let values: Vec<Option<&str>> = values.iter().map(|v| v.as_deref()).collect();
+    assert_eq!(
+        values,
+        [Some("item 3"), None, Some("item 999"), Some("item 3")]
+    );
+
+    // Behind the tower layer, as any loader service.
+    let service = GuardLayer::for_loader(guard).layer(loader);
+    let loaded = service.oneshot("42".to_owned()).await.unwrap();
+    assert_eq!(loaded.as_deref(), Some("item 42"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_is_a_clear_error_and_a_stuck_call_times_out() {
+    let server = PostgresServer::start();
+    let pool = server.pool().await;
+    let guard = guard_over(PgSource::new(pool.clone(), "missing", "id"));
+    let error = guard.rebuild().await.unwrap_err();
+    assert!(
+        error.to_string().contains("\"missing\" does not exist"),
+        "{error}"
+    );
+    let loader = PgLoader::<String>::new(pool.clone(), "missing", "id", "name");
+    let error = loader.get("1").await.unwrap_err();
+    assert!(matches!(error, PgLoadError::Database(_)), "{error}");
+
+    items(&pool, 10).await;
+    // A transaction holding the table locked: the loader's read waits.
+    let mut locker = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE items IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    let loader = PgLoader::<String>::new(pool.clone(), "items", "id", "name")
+        .timeout(Duration::from_millis(200));
+    let error = loader.get("1").await.unwrap_err();
+    assert!(matches!(error, PgLoadError::TimedOut(_)), "{error}");
+    locker.rollback().await.unwrap();
+    assert_eq!(loader.get("1").await.unwrap().as_deref(), Some("item 1"));
+}

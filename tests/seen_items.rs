@@ -204,6 +204,38 @@ fn the_gate_runs_against_real_redis() {
     std::fs::remove_file(chart).unwrap();
 }
 
+#[cfg(feature = "postgres")]
+#[test]
+fn the_gate_runs_against_real_postgres() {
+    let server = common::postgres_server::PostgresServer::start();
+    let chart = chart_path("postgres");
+    let url = server.url();
+    let outcome = run(small_run(&chart, &["--database-url", &url]));
+    assert_the_gate_pays_off(&outcome);
+    let guarded = &outcome.guarded;
+    assert!(
+        guarded.store_calls <= guarded.requests,
+        "at most one query per request"
+    );
+    assert!(
+        guarded.events.iter().any(|event| event.rebuild),
+        "a rebuild by keyset pages"
+    );
+    std::fs::remove_file(chart).unwrap();
+
+    let refused = seen_items::Args::try_parse_from([
+        "seen_items",
+        "--database-url",
+        &url,
+        "--lifecycle",
+        "rotate",
+    ])
+    .unwrap()
+    .check()
+    .unwrap_err();
+    assert!(refused.to_string().contains("expires keys"), "{refused}");
+}
+
 #[test]
 fn three_instances_as_one_fleet_keep_every_seen_item_seen() {
     let server = RedisServer::start();

@@ -3,9 +3,10 @@
 //! store so that only "maybe" answers cost a lookup.
 //!
 //! ```text
-//! cargo run --release --features redis --example seen_items
-//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --release --features redis --example seen_items
-//! cargo run --release --features redis --example seen_items -- --help
+//! cargo run --release --features redis,postgres --example seen_items
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --release --features redis,postgres --example seen_items
+//! DATABASE_URL=postgres://app@127.0.0.1/app cargo run --release --features redis,postgres --example seen_items
+//! cargo run --release --features redis,postgres --example seen_items -- --help
 //! ```
 //!
 //! It draws a seen history (users by Zipf activity, items by Zipf
@@ -113,6 +114,10 @@ pub(crate) struct Args {
     /// embedded in-memory store when unset.
     #[arg(long, env = "REDIS_URL")]
     pub(crate) redis_url: Option<String>,
+    /// The store: PostgreSQL at this URL (needs the `postgres` feature), the
+    /// history in a table of its own (`bloomguard_seen`, recreated).
+    #[arg(long, env = "DATABASE_URL")]
+    pub(crate) database_url: Option<String>,
     /// Service instances, each with its own guard, joined as one fleet
     /// through Redis (needs `REDIS_URL`): requests are spread over them and
     /// each batch of history writes goes through the next one.
@@ -188,6 +193,15 @@ impl Args {
         if self.duration.is_zero() || self.window.is_zero() {
             return Err("--duration and --window must be longer than zero".into());
         }
+        if self.redis_url.is_some() && self.database_url.is_some() {
+            return Err("REDIS_URL and DATABASE_URL are both set: choose one store".into());
+        }
+        if self.database_url.is_some() && self.lifecycle == LifecycleChoice::Rotate {
+            return Err(
+                "--lifecycle rotate needs a store that expires keys: Redis or the in-memory one"
+                    .into(),
+            );
+        }
         if self.instances == 0 {
             return Err("--instances must be at least 1".into());
         }
@@ -208,7 +222,7 @@ pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error
     let expires_after = (args.lifecycle == LifecycleChoice::Rotate).then_some(args.window);
     // The store first: a bad URL is reported before any time goes into
     // drawing and writing the history.
-    let store = open_store(args.redis_url.as_deref(), expires_after).await?;
+    let store = open_store(&args, expires_after).await?;
 
     let started = Instant::now();
     let workload = Arc::new(Workload::generate(
@@ -346,10 +360,23 @@ pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error
 }
 
 async fn open_store(
-    redis_url: Option<&str>,
+    args: &Args,
     expires_after: Option<Duration>,
 ) -> Result<SeenStore, Box<dyn std::error::Error>> {
-    if let Some(url) = redis_url {
+    if let Some(url) = &args.database_url {
+        #[cfg(feature = "postgres")]
+        {
+            let postgres = store::PgStore::open(url).await?;
+            return Ok(SeenStore::new(Backend::Postgres(Arc::new(postgres))));
+        }
+        #[cfg(not(feature = "postgres"))]
+        return Err(format!(
+            "PostgreSQL at {url} was asked for, but the `postgres` feature is off \
+             (cargo run --release --features redis,postgres --example seen_items)"
+        )
+        .into());
+    }
+    if let Some(url) = &args.redis_url {
         #[cfg(feature = "redis")]
         {
             let redis = store::RedisStore::open(url, expires_after).await?;

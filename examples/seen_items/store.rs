@@ -1,6 +1,7 @@
-//! Where the seen history lives: an embedded in-memory store, or Redis when
-//! `REDIS_URL` is set. Either is a `Loader` (batches with one lookup pass or
-//! one MGET) and a `KeySource` for the guard's rebuilds.
+//! Where the seen history lives: an embedded in-memory store, Redis when
+//! `REDIS_URL` is set, or PostgreSQL when `DATABASE_URL` is. Each is a
+//! `Loader` (batches with one lookup pass, one MGET, or one `= ANY($1)`) and
+//! a `KeySource` for the guard's rebuilds.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -30,6 +31,8 @@ pub(crate) enum Backend {
     Memory(Arc<MemoryStore>),
     #[cfg(feature = "redis")]
     Redis(Arc<RedisStore>),
+    #[cfg(feature = "postgres")]
+    Postgres(Arc<PgStore>),
 }
 
 #[derive(Debug, Default)]
@@ -80,6 +83,8 @@ impl SeenStore {
             }
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => redis.write(keys).await,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(postgres) => postgres.write(keys).await,
         }
     }
 
@@ -89,6 +94,8 @@ impl SeenStore {
             Backend::Memory(memory) => Box::new(Arc::clone(memory)),
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => Box::new(redis.source()),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(postgres) => Box::new(postgres.source()),
         }
     }
 
@@ -97,6 +104,8 @@ impl SeenStore {
             Backend::Memory(_) => "embedded in-memory store".into(),
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => format!("Redis at {} (keys under {PREFIX})", redis.url),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => format!("PostgreSQL (table {TABLE})"),
         }
     }
 }
@@ -121,6 +130,8 @@ impl Loader<String> for SeenStore {
                 .collect()),
             #[cfg(feature = "redis")]
             Backend::Redis(redis) => redis.contains_many(&keys).await,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(postgres) => postgres.contains_many(&keys).await,
         }
     }
 }
@@ -314,5 +325,62 @@ impl RedisStore {
     fn source(&self) -> bloomguard::redis::RedisSource {
         bloomguard::redis::RedisSource::new(self.client.clone(), format!("{PREFIX}*"))
             .strip_prefix(PREFIX)
+    }
+}
+
+/// The history's table in PostgreSQL: one row per seen pair.
+#[cfg(feature = "postgres")]
+pub(crate) const TABLE: &str = "bloomguard_seen";
+
+#[cfg(feature = "postgres")]
+#[derive(Debug)]
+pub(crate) struct PgStore {
+    pool: sqlx::PgPool,
+    loader: bloomguard::postgres::PgLoader<String>,
+}
+
+#[cfg(feature = "postgres")]
+impl PgStore {
+    /// Connects, and recreates [`TABLE`] (empty) with a primary key on the pair.
+    pub(crate) async fn open(url: &str) -> Result<Self, sqlx::Error> {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .connect(url)
+            .await?;
+        sqlx::query(&format!("DROP TABLE IF EXISTS {TABLE}"))
+            .execute(&pool)
+            .await?;
+        sqlx::query(&format!("CREATE TABLE {TABLE} (pair text PRIMARY KEY)"))
+            .execute(&pool)
+            .await?;
+        // The pair is the value too: only whether a row exists matters.
+        let loader = bloomguard::postgres::PgLoader::new(pool.clone(), TABLE, "pair", "pair")
+            .timeout(Duration::from_secs(5));
+        Ok(Self { pool, loader })
+    }
+
+    /// One `INSERT … SELECT unnest($1)` for the batch.
+    pub(crate) async fn write(&self, keys: &[String]) -> Result<(), String> {
+        let insert =
+            format!("INSERT INTO {TABLE} SELECT unnest($1::text[]) ON CONFLICT DO NOTHING");
+        sqlx::query(&insert)
+            .bind(keys)
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
+            .map_err(|error| error.to_string())
+    }
+
+    async fn contains_many(&self, keys: &[String]) -> Result<Vec<Option<Seen>>, String> {
+        let values = self
+            .loader
+            .get_many(keys)
+            .await
+            .map_err(|error| error.to_string())?;
+        Ok(values.into_iter().map(|value| value.map(|_| ())).collect())
+    }
+
+    fn source(&self) -> bloomguard::postgres::PgSource {
+        bloomguard::postgres::PgSource::new(self.pool.clone(), TABLE, "pair")
     }
 }

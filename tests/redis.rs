@@ -232,3 +232,174 @@ async fn ids_that_need_encoding_survive_writes_and_rebuilds_on_redis() {
     items_service::assert_encoded_ids_round_trip(&mut client, &running.guard).await;
     running.maintenance.shutdown().await;
 }
+
+/// The same source and loader over a real Redis Cluster (3 masters, 3
+/// replicas) that each test starts.
+mod cluster {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use bloomguard::source::{KeySource, KeyStream};
+    use bloomguard::{GuardedLoader, RebuildError};
+    use common::redis_cluster::RedisCluster;
+    use futures_util::StreamExt;
+
+    use super::*;
+
+    const KEYS: u64 = 20_000;
+
+    /// Writes `item:{i}` = `value {i}` across the slots, and waits until
+    /// every replica holds its master's keys.
+    async fn populate(cluster: &RedisCluster) {
+        let mut connection = cluster.client().get_async_connection().await.unwrap();
+        for chunk in (0..KEYS).collect::<Vec<_>>().chunks(500) {
+            let writes = chunk.iter().map(|i| {
+                let mut connection = connection.clone();
+                async move {
+                    let () = redis::cmd("SET")
+                        .arg(format!("item:{i}"))
+                        .arg(format!("value {i}"))
+                        .query_async(&mut connection)
+                        .await
+                        .unwrap();
+                }
+            });
+            futures_util::future::join_all(writes).await;
+        }
+        let _: String = redis::cmd("PING")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let sizes = || -> Vec<u64> {
+            cluster
+                .ports
+                .iter()
+                .map(|&port| {
+                    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+                    let mut node = client.get_connection().unwrap();
+                    redis::cmd("DBSIZE").query::<u64>(&mut node).unwrap()
+                })
+                .collect()
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while sizes().iter().sum::<u64>() != 2 * KEYS {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the replicas never held their masters' keys: {:?}\n{}",
+                sizes(),
+                cluster.nodes()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn guard_over(source: impl KeySource) -> Guard {
+        Guard::builder()
+            .expected_items(100_000)
+            .source(source)
+            .build()
+            .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rebuild_scans_every_master_and_batches_load_across_slots() {
+        let cluster = RedisCluster::start();
+        populate(&cluster).await;
+        let source = RedisSource::cluster(cluster.client(), "item:*")
+            .count(500)
+            .strip_prefix("item:");
+        let guard = guard_over(source);
+        let report = guard.rebuild().await.unwrap();
+        assert_eq!(report.keys, KEYS, "every master's keys, once");
+        assert!((0..KEYS).all(|i| guard.check(i.to_string()) == Verdict::MaybePresent));
+
+        let loader = RedisLoader::cluster(cluster.client()).prefix("item:");
+        let gate = GuardedLoader::new(guard, loader);
+        // Keys of many slots, and a missing one, in one call.
+        let keys: Vec<String> = ["1", "2", "3", "4", "5", "missing", "19999"]
+            .map(String::from)
+            .to_vec();
+        let values = gate.get_many(&keys).await.unwrap();
+        let values: Vec<Option<String>> = values
+            .into_iter()
+            .map(|value| value.map(|bytes| String::from_utf8(bytes).unwrap()))
+            .collect();
+        let expected: Vec<Option<String>> = keys
+            .iter()
+            .map(|key| (key != "missing").then(|| format!("value {key}")))
+            .collect();
+        assert_eq!(values, expected);
+    }
+
+    /// A source that kills a master after its first page.
+    struct KillsAMasterMidPass {
+        source: RedisSource,
+        cluster: Arc<Mutex<RedisCluster>>,
+        killed: AtomicBool,
+    }
+
+    impl KeySource for KillsAMasterMidPass {
+        fn scan(&self) -> KeyStream<'_> {
+            Box::pin(self.source.scan().enumerate().map(|(page, batch)| {
+                if page == 0 && !self.killed.swap(true, Ordering::Relaxed) {
+                    let mut cluster = self.cluster.lock().unwrap();
+                    let masters = cluster.masters();
+                    cluster.kill(*masters.last().unwrap());
+                }
+                batch
+            }))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_master_killed_mid_scan_fails_the_pass_and_the_retry_after_failover_succeeds() {
+        let cluster = RedisCluster::start();
+        populate(&cluster).await;
+        let cluster = Arc::new(Mutex::new(cluster));
+        let guard = guard_over(KillsAMasterMidPass {
+            source: RedisSource::cluster(cluster.lock().unwrap().client(), "item:*")
+                .count(500)
+                .strip_prefix("item:"),
+            cluster: Arc::clone(&cluster),
+            killed: AtomicBool::new(false),
+        });
+        let failed = guard.rebuild().await.unwrap_err();
+        assert!(matches!(failed, RebuildError::Source(_)), "{failed}");
+        assert!(guard.is_warming(), "no partial filter was swapped in");
+
+        let healed = Arc::clone(&cluster);
+        tokio::task::spawn_blocking(move || healed.lock().unwrap().wait_until_healed())
+            .await
+            .unwrap();
+        // The replica promoted holds the dead master's keys.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let report = loop {
+            match guard.rebuild().await {
+                Ok(report) => break report,
+                Err(error) => {
+                    assert!(tokio::time::Instant::now() < deadline, "{error}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        assert_eq!(report.keys, KEYS);
+
+        // The loader follows the failover too.
+        let loader = RedisLoader::cluster(cluster.lock().unwrap().client()).prefix("item:");
+        let keys: Vec<String> = (0..100).map(|i| i.to_string()).collect();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let values = loop {
+            match loader.get_many(&keys).await {
+                Ok(values) => break values,
+                Err(error) => {
+                    assert!(tokio::time::Instant::now() < deadline, "{error}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        assert!(
+            values.iter().all(Option::is_some),
+            "every key loaded after the failover"
+        );
+    }
+}

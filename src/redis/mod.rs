@@ -15,8 +15,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::{TryStreamExt, stream};
+use std::sync::Arc;
+
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, RedisError};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Client, RedisError, Value};
 use tokio::sync::OnceCell;
 
 pub mod fleet;
@@ -26,35 +31,130 @@ pub use fleet::{FleetError, FleetHandle, FleetSync, FleetWriteError, StreamPosit
 use crate::guard::source::{KeyBatch, KeySource, KeyStream, SourceError};
 use crate::loader::Loader;
 
-/// A lazily made connection manager, shared by the clones of a source or loader.
+/// A lazily made connection to one Redis node (a connection manager) or to
+/// a Redis Cluster, shared by the clones of a source or loader.
 #[derive(Clone)]
 struct Connection {
-    client: Client,
-    manager: std::sync::Arc<OnceCell<ConnectionManager>>,
+    target: Target,
     response_timeout: Duration,
+}
+
+#[derive(Clone)]
+enum Target {
+    Node {
+        client: Client,
+        manager: Arc<OnceCell<ConnectionManager>>,
+    },
+    Cluster {
+        client: Box<ClusterClient>,
+        connection: Arc<OnceCell<ClusterConnection>>,
+    },
+}
+
+/// A connection made: to a node, or to the cluster (which routes each
+/// command to the node serving its keys, and splits multi-slot `MGET`s).
+#[derive(Clone)]
+enum Live {
+    Node(ConnectionManager),
+    Cluster(ClusterConnection, Duration),
+}
+
+impl redis::aio::ConnectionLike for Live {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Self::Node(manager) => manager.req_packed_command(cmd),
+            Self::Cluster(cluster, timeout) => {
+                let timeout = *timeout;
+                Box::pin(within(timeout, cluster.req_packed_command(cmd)))
+            }
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Node(manager) => manager.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(cluster, timeout) => {
+                let timeout = *timeout;
+                Box::pin(within(
+                    timeout,
+                    cluster.req_packed_commands(pipeline, offset, count),
+                ))
+            }
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Node(manager) => manager.get_db(),
+            Self::Cluster(cluster, _) => cluster.get_db(),
+        }
+    }
+}
+
+/// `call`, failed with a timeout error after `timeout` (the connection
+/// manager has its own; a cluster connection is given one here).
+async fn within<T>(
+    timeout: Duration,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no answer from the cluster in time",
+            )))
+        })
 }
 
 impl Connection {
     fn new(client: Client, response_timeout: Duration) -> Self {
         Self {
-            client,
-            manager: std::sync::Arc::new(OnceCell::new()),
+            target: Target::Node {
+                client,
+                manager: Arc::new(OnceCell::new()),
+            },
             response_timeout,
         }
     }
 
-    /// The connection manager, made on first use (and tried again on the
-    /// next use if Redis could not be reached).
-    async fn get(&self) -> Result<ConnectionManager, RedisError> {
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.response_timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        self.manager
-            .get_or_try_init(|| self.client.get_connection_manager_with_config(config))
-            .await
-            .cloned()
+    fn cluster(client: ClusterClient, response_timeout: Duration) -> Self {
+        Self {
+            target: Target::Cluster {
+                client: Box::new(client),
+                connection: Arc::new(OnceCell::new()),
+            },
+            response_timeout,
+        }
+    }
+
+    /// The connection, made on first use (and tried again on the next use
+    /// if Redis could not be reached). Both kinds reconnect on their own.
+    async fn get(&self) -> Result<Live, RedisError> {
+        match &self.target {
+            Target::Node { client, manager } => {
+                let config = ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(self.response_timeout))
+                    .set_connection_timeout(Some(self.response_timeout))
+                    .set_number_of_retries(2)
+                    .set_max_delay(Duration::from_millis(500));
+                let manager = manager
+                    .get_or_try_init(|| client.get_connection_manager_with_config(config))
+                    .await?;
+                Ok(Live::Node(manager.clone()))
+            }
+            Target::Cluster { client, connection } => {
+                let connection = connection
+                    .get_or_try_init(|| client.get_async_connection())
+                    .await?;
+                Ok(Live::Cluster(connection.clone(), self.response_timeout))
+            }
+        }
     }
 }
 
@@ -89,8 +189,12 @@ impl RedisSource {
 
     /// Keys matching `pattern` (`SCAN`'s `MATCH` glob, `*` for all).
     pub fn new(client: Client, pattern: impl Into<String>) -> Self {
+        Self::over(Connection::new(client, Self::DEFAULT_TIMEOUT), pattern)
+    }
+
+    fn over(connection: Connection, pattern: impl Into<String>) -> Self {
         Self {
-            connection: Connection::new(client, Self::DEFAULT_TIMEOUT),
+            connection,
             pattern: pattern.into(),
             count: Self::DEFAULT_COUNT,
             key_type: None,
@@ -127,7 +231,21 @@ impl RedisSource {
         self
     }
 
-    async fn scan_page(&self, cursor: u64) -> Result<(u64, KeyBatch), RedisError> {
+    /// Keys matching `pattern` in every master of a Redis Cluster: one
+    /// `SCAN` cursor per master, routed to it by address (a cluster
+    /// connection does not fan `SCAN` out by itself). A master that fails
+    /// or a topology that changes during the pass fails the pass (the
+    /// rebuild is retried, the old filter serving), never a silent partial
+    /// rebuild.
+    pub fn cluster(client: ClusterClient, pattern: impl Into<String>) -> Self {
+        Self::over(Connection::cluster(client, Self::DEFAULT_TIMEOUT), pattern)
+    }
+
+    async fn scan_page(
+        &self,
+        node: Option<&MasterNode>,
+        cursor: u64,
+    ) -> Result<(u64, KeyBatch), RedisError> {
         let mut command = redis::cmd("SCAN");
         command
             .arg(cursor)
@@ -138,8 +256,89 @@ impl RedisSource {
         if let Some(key_type) = &self.key_type {
             command.arg("TYPE").arg(key_type);
         }
-        let mut manager = self.connection.get().await?;
-        command.query_async(&mut manager).await
+        match (self.connection.get().await?, node) {
+            (Live::Cluster(mut cluster, timeout), Some(node)) => {
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: node.host.clone(),
+                    port: node.port,
+                });
+                let page = within(timeout, cluster.route_command(command, routing)).await?;
+                Ok(redis::from_redis_value(page)?)
+            }
+            (mut live, _) => command.query_async(&mut live).await,
+        }
+    }
+
+    /// The masters serving slots now, and a fingerprint of the topology
+    /// (ids, addresses, config epochs, slots) to compare after a pass.
+    async fn masters(&self) -> Result<(Vec<MasterNode>, String), RedisError> {
+        let mut live = self.connection.get().await?;
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut live)
+            .await?;
+        let mut masters: Vec<(MasterNode, String)> = nodes
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split(' ').collect();
+                let flags = fields.get(2)?;
+                let serving = flags.contains("master")
+                    && !flags.contains("fail")
+                    && !flags.contains("noaddr")
+                    && fields.len() > 8;
+                if !serving {
+                    return None;
+                }
+                let address = fields[1].split('@').next()?;
+                let (host, port) = address.rsplit_once(':')?;
+                let node = MasterNode {
+                    host: host.to_owned(),
+                    port: port.parse().ok()?,
+                };
+                let fingerprint = format!(
+                    "{} {address} {} {}",
+                    fields[0],
+                    fields[6],
+                    fields[8..].join(" ")
+                );
+                Some((node, fingerprint))
+            })
+            .collect();
+        // Every slot must be listed under a serving master: a node that has
+        // not yet seen a failover through would leave a third of the keys
+        // out of the pass, and the pass would look complete.
+        let served: u32 = nodes
+            .lines()
+            .filter(|line| {
+                let flags = line.split(' ').nth(2).unwrap_or("");
+                flags.contains("master") && !flags.contains("fail") && !flags.contains("noaddr")
+            })
+            .flat_map(|line| line.split(' ').skip(8))
+            .filter(|range| !range.starts_with('['))
+            .map(|range| match range.split_once('-') {
+                Some((first, last)) => match (first.parse::<u32>(), last.parse::<u32>()) {
+                    (Ok(first), Ok(last)) if last >= first => last - first + 1,
+                    _ => 0,
+                },
+                None => u32::from(range.parse::<u32>().is_ok()),
+            })
+            .sum();
+        if served != CLUSTER_SLOTS {
+            return Err(RedisError::from(std::io::Error::other(format!(
+                "{served} of the cluster's {CLUSTER_SLOTS} slots are served by a master the \
+                 node asked knows of (a failover in progress?); the rebuild is retried"
+            ))));
+        }
+        masters.sort_by(|a, b| a.1.cmp(&b.1));
+        let fingerprint = masters
+            .iter()
+            .map(|(_, line)| line.as_str())
+            .collect::<Vec<_>>()
+            .join("\n");
+        Ok((
+            masters.into_iter().map(|(node, _)| node).collect(),
+            fingerprint,
+        ))
     }
 
     fn strip_prefix_from(&self, keys: &mut KeyBatch) {
@@ -151,16 +350,71 @@ impl RedisSource {
     }
 }
 
+/// Hash slots in a Redis Cluster.
+const CLUSTER_SLOTS: u32 = 16_384;
+
+/// A master of a cluster, by address.
+#[derive(Debug, Clone)]
+struct MasterNode {
+    host: String,
+    port: u16,
+}
+
+/// Where a pass is: which node (none: the one node of a plain Redis), and
+/// its cursor.
+struct Pass {
+    nodes: Vec<Option<MasterNode>>,
+    node: usize,
+    cursor: u64,
+    /// The cluster's topology when the pass started.
+    topology: Option<String>,
+}
+
 impl KeySource for RedisSource {
-    /// One pass of `SCAN`, a page at a time, until the cursor comes back to 0.
+    /// One pass of `SCAN`, a page at a time, until the cursor comes back to
+    /// 0 (on a cluster: on every master in turn, and the topology the same
+    /// at the end as at the start).
     fn scan(&self) -> KeyStream<'_> {
-        let pages = stream::try_unfold(Some(0), move |cursor| async move {
-            let Some(cursor) = cursor else {
+        let pages = stream::try_unfold(None::<Pass>, move |pass| async move {
+            let mut pass = match pass {
+                Some(pass) => pass,
+                None => match &self.connection.target {
+                    Target::Node { .. } => Pass {
+                        nodes: vec![None],
+                        node: 0,
+                        cursor: 0,
+                        topology: None,
+                    },
+                    Target::Cluster { .. } => {
+                        let (masters, topology) = self.masters().await?;
+                        Pass {
+                            nodes: masters.into_iter().map(Some).collect(),
+                            node: 0,
+                            cursor: 0,
+                            topology: Some(topology),
+                        }
+                    }
+                },
+            };
+            let Some(node) = pass.nodes.get(pass.node) else {
                 return Ok::<_, RedisError>(None); // past the last page
             };
-            let (next, mut keys) = self.scan_page(cursor).await?;
+            let (next, mut keys) = self.scan_page(node.as_ref(), pass.cursor).await?;
             self.strip_prefix_from(&mut keys);
-            Ok(Some((keys, (next != 0).then_some(next))))
+            pass.cursor = next;
+            if next == 0 {
+                pass.node += 1;
+                if pass.node == pass.nodes.len()
+                    && let Some(before) = &pass.topology
+                    && self.masters().await?.1 != *before
+                {
+                    return Err(RedisError::from(std::io::Error::other(
+                        "the cluster's topology changed during the pass: some keys may have \
+                         moved past it; the rebuild is retried",
+                    )));
+                }
+            }
+            Ok(Some((keys, Some(pass))))
         });
         // SCAN may return empty pages before the end; skip them.
         Box::pin(
@@ -198,6 +452,17 @@ impl RedisLoader {
     pub fn new(client: Client) -> Self {
         Self {
             connection: Connection::new(client, Self::DEFAULT_TIMEOUT),
+            prefix: Vec::new(),
+        }
+    }
+
+    /// Reads key `k` from Redis Cluster key `k`: `GET` is routed to the
+    /// node serving the key, and a batch's `MGET` is split by slot and
+    /// joined again by the cluster connection (one call on the caller's
+    /// side). Follows failovers on its own.
+    pub fn cluster(client: ClusterClient) -> Self {
+        Self {
+            connection: Connection::cluster(client, Self::DEFAULT_TIMEOUT),
             prefix: Vec::new(),
         }
     }

@@ -7,6 +7,7 @@ pub(crate) mod http_client;
 pub(crate) mod items_service;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres_server;
+pub(crate) mod redis_cluster;
 pub(crate) mod redis_server;
 pub(crate) mod tcp_proxy;
 

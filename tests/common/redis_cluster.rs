@@ -1,0 +1,181 @@
+//! A Redis Cluster of a test's own: 3 masters and 3 replicas from
+//! `redis-server`, joined with `redis-cli --cluster create`, on free loopback
+//! ports, with a short node timeout so that a killed master fails over in
+//! seconds. Killed on drop, by PID.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub(crate) struct RedisCluster {
+    pub(crate) ports: Vec<u16>,
+    nodes: Vec<Option<Child>>,
+    dir: PathBuf,
+}
+
+impl RedisCluster {
+    /// Starts six nodes, creates the cluster and waits until every slot is served.
+    ///
+    /// # Panics
+    /// When `redis-server` or `redis-cli` is missing, or the cluster does not form.
+    pub(crate) fn start() -> Self {
+        // Each node also listens on its port + 10000 (the cluster bus), so
+        // the port must be at most 55535 and both must be free. The
+        // listeners are held until all six are chosen, so none repeats.
+        let mut held = Vec::new();
+        while held.len() < 6 {
+            let listener = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+            let port = listener.local_addr().unwrap().port();
+            if port <= 55_535
+                && let Ok(bus) = TcpListener::bind(("127.0.0.1", port + 10_000))
+            {
+                held.push((listener, bus));
+            }
+        }
+        let ports: Vec<u16> = held
+            .iter()
+            .map(|(listener, _)| listener.local_addr().unwrap().port())
+            .collect();
+        drop(held);
+        let dir = std::env::temp_dir().join(format!(
+            "bloomguard-cluster-{}-{}",
+            std::process::id(),
+            ports[0]
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let nodes = ports
+            .iter()
+            .map(|port| {
+                let spawned = Command::new("redis-server")
+                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                    .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+                    .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+                    .args(["--save", "", "--appendonly", "no"])
+                    .arg("--dir")
+                    .arg(&dir)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn();
+                Some(spawned.unwrap_or_else(|error| {
+                    panic!(
+                        "this test needs redis-server on the PATH (apt-get install -y redis-server): {error}"
+                    )
+                }))
+            })
+            .collect();
+        let cluster = Self { ports, nodes, dir };
+        for &port in &cluster.ports {
+            cluster.wait_for(port, "a node to answer", |_| true);
+        }
+        let addresses: Vec<String> = cluster
+            .ports
+            .iter()
+            .map(|port| format!("127.0.0.1:{port}"))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("this test needs redis-cli on the PATH (apt-get install -y redis-server)");
+        assert!(
+            created.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&created.stdout)
+        );
+        for &port in &cluster.ports {
+            cluster.wait_until_served(port);
+        }
+        cluster
+    }
+
+    /// Seed URLs, one per node.
+    pub(crate) fn urls(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|port| format!("redis://127.0.0.1:{port}/"))
+            .collect()
+    }
+
+    pub(crate) fn client(&self) -> redis::cluster::ClusterClient {
+        redis::cluster::ClusterClient::new(self.urls()).unwrap()
+    }
+
+    /// The ports of the masters serving slots now.
+    pub(crate) fn masters(&self) -> Vec<u16> {
+        let port = self.live_port();
+        let nodes: String = query(port, redis::cmd("CLUSTER").arg("NODES")).unwrap();
+        nodes
+            .lines()
+            .filter(|line| {
+                let flags = line.split(' ').nth(2).unwrap_or("");
+                flags.contains("master") && !flags.contains("fail") && line.split(' ').count() > 8
+            })
+            .filter_map(|line| {
+                let address = line.split(' ').nth(1)?;
+                address.split('@').next()?.rsplit(':').next()?.parse().ok()
+            })
+            .collect()
+    }
+
+    /// `CLUSTER NODES`, as a live node sees it.
+    pub(crate) fn nodes(&self) -> String {
+        query(self.live_port(), redis::cmd("CLUSTER").arg("NODES")).unwrap()
+    }
+
+    /// Kills the node on `port` (SIGKILL, by PID).
+    pub(crate) fn kill(&mut self, port: u16) {
+        let index = self.ports.iter().position(|&p| p == port).unwrap();
+        if let Some(mut child) = self.nodes[index].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits until the cluster serves every slot again (after a failover).
+    pub(crate) fn wait_until_healed(&self) {
+        self.wait_until_served(self.live_port());
+    }
+
+    fn live_port(&self) -> u16 {
+        self.ports
+            .iter()
+            .zip(&self.nodes)
+            .find_map(|(&port, node)| node.is_some().then_some(port))
+            .expect("a live node")
+    }
+
+    fn wait_until_served(&self, port: u16) {
+        self.wait_for(port, "the cluster to serve every slot", |info| {
+            info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+        });
+    }
+
+    fn wait_for(&self, port: u16, what: &str, done: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let info: Result<String, _> = query(port, redis::cmd("CLUSTER").arg("INFO"));
+            if info.as_deref().is_ok_and(&done) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn query<T: redis::FromRedisValue>(port: u16, command: &redis::Cmd) -> redis::RedisResult<T> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+    let mut connection = client.get_connection_with_timeout(Duration::from_secs(1))?;
+    command.query(&mut connection)
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for port in self.ports.clone() {
+            self.kill(port);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -237,6 +237,32 @@ fn the_gate_runs_against_real_postgres() {
 }
 
 #[test]
+fn the_gate_runs_against_a_real_redis_cluster() {
+    let cluster = common::redis_cluster::RedisCluster::start();
+    let chart = chart_path("cluster");
+    let urls = cluster.urls().join(",");
+    let outcome = run(small_run(
+        &chart,
+        &["--redis-cluster-urls", &urls, "--no-baseline"],
+    ));
+    let guarded = &outcome.guarded;
+    assert!(
+        guarded.audited_checks > 100_000,
+        "{}",
+        guarded.audited_checks
+    );
+    assert!(
+        guarded.store_calls <= guarded.requests,
+        "at most one MGET per request, split by the cluster connection"
+    );
+    assert!(
+        guarded.events.iter().any(|event| event.rebuild),
+        "a rebuild from every master's SCAN"
+    );
+    std::fs::remove_file(chart).unwrap();
+}
+
+#[test]
 fn three_instances_as_one_fleet_keep_every_seen_item_seen() {
     let server = RedisServer::start();
     let chart = chart_path("fleet");

@@ -114,6 +114,10 @@ pub(crate) struct Args {
     /// embedded in-memory store when unset.
     #[arg(long, env = "REDIS_URL")]
     pub(crate) redis_url: Option<String>,
+    /// The store: a Redis Cluster with these seed nodes, comma-separated
+    /// (needs the `redis` feature).
+    #[arg(long, env = "REDIS_CLUSTER_URLS", value_delimiter = ',')]
+    pub(crate) redis_cluster_urls: Vec<String>,
     /// The store: PostgreSQL at this URL (needs the `postgres` feature), the
     /// history in a table of its own (`bloomguard_seen`, recreated).
     #[arg(long, env = "DATABASE_URL")]
@@ -193,8 +197,14 @@ impl Args {
         if self.duration.is_zero() || self.window.is_zero() {
             return Err("--duration and --window must be longer than zero".into());
         }
-        if self.redis_url.is_some() && self.database_url.is_some() {
-            return Err("REDIS_URL and DATABASE_URL are both set: choose one store".into());
+        let stores = usize::from(self.redis_url.is_some())
+            + usize::from(self.database_url.is_some())
+            + usize::from(!self.redis_cluster_urls.is_empty());
+        if stores > 1 {
+            return Err(
+                "more than one of REDIS_URL, REDIS_CLUSTER_URLS and DATABASE_URL is set: choose one store"
+                    .into(),
+            );
         }
         if self.database_url.is_some() && self.lifecycle == LifecycleChoice::Rotate {
             return Err(
@@ -206,7 +216,7 @@ impl Args {
             return Err("--instances must be at least 1".into());
         }
         if self.instances > 1 && (self.redis_url.is_none() || cfg!(not(feature = "redis"))) {
-            return Err("--instances above 1 needs Redis (REDIS_URL, and the `redis` feature): the fleet syncs through it".into());
+            return Err("--instances above 1 needs one Redis node (REDIS_URL, and the `redis` feature): the fleet syncs through it (a fleet over a cluster is not built yet)".into());
         }
         if self.audit_every == 0 {
             return Err("--audit-every must be at least 1 (1 audits every request)".into());
@@ -376,6 +386,16 @@ async fn open_store(
         )
         .into());
     }
+    if !args.redis_cluster_urls.is_empty() {
+        #[cfg(feature = "redis")]
+        {
+            let cluster =
+                store::RedisStore::open_cluster(&args.redis_cluster_urls, expires_after).await?;
+            return Ok(SeenStore::new(Backend::Redis(Arc::new(cluster))));
+        }
+        #[cfg(not(feature = "redis"))]
+        return Err("a Redis Cluster was asked for, but the `redis` feature is off".into());
+    }
     if let Some(url) = &args.redis_url {
         #[cfg(feature = "redis")]
         {
@@ -446,7 +466,9 @@ impl Fleet {
     #[cfg_attr(not(feature = "redis"), allow(clippy::unused_async))]
     async fn join(store: &SeenStore, guards: &[Guard]) -> Result<Self, Box<dyn std::error::Error>> {
         #[cfg(feature = "redis")]
-        if let (true, Backend::Redis(redis)) = (guards.len() > 1, store.backend()) {
+        if let (true, Backend::Redis(redis)) = (guards.len() > 1, store.backend())
+            && let Some(client) = redis.client()
+        {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -456,7 +478,7 @@ impl Fleet {
             for guard in guards {
                 let member = bloomguard::redis::FleetSync::builder(
                     guard.clone(),
-                    redis.client(),
+                    client.clone(),
                     store::FLEET,
                 )
                 .build();

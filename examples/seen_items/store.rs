@@ -103,7 +103,7 @@ impl SeenStore {
         match &self.backend {
             Backend::Memory(_) => "embedded in-memory store".into(),
             #[cfg(feature = "redis")]
-            Backend::Redis(redis) => format!("Redis at {} (keys under {PREFIX})", redis.url),
+            Backend::Redis(redis) => redis.describe(),
             #[cfg(feature = "postgres")]
             Backend::Postgres(_) => format!("PostgreSQL (table {TABLE})"),
         }
@@ -229,10 +229,28 @@ pub(crate) const PREFIX: &str = "bloomguard:seen:";
 #[derive(Debug, Clone)]
 pub(crate) struct RedisStore {
     url: String,
-    client: redis::Client,
     loader: bloomguard::redis::RedisLoader,
-    writes: redis::aio::MultiplexedConnection,
+    source: bloomguard::redis::RedisSource,
+    writes: Writes,
     expires_after: Option<Duration>,
+}
+
+/// Where the writes go: one node (which fleets can use too), or a cluster.
+#[cfg(feature = "redis")]
+#[derive(Clone)]
+enum Writes {
+    Node(redis::Client, redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+#[cfg(feature = "redis")]
+impl std::fmt::Debug for Writes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Node(..) => "Node",
+            Self::Cluster(_) => "Cluster",
+        })
+    }
 }
 
 /// The name of the fleet the instances form (`--instances`).
@@ -270,9 +288,21 @@ async fn unlink_matching(
 
 #[cfg(feature = "redis")]
 impl RedisStore {
-    /// A client of the store's Redis.
-    pub(crate) fn client(&self) -> redis::Client {
-        self.client.clone()
+    fn describe(&self) -> String {
+        let kind = match self.writes {
+            Writes::Node(..) => "Redis",
+            Writes::Cluster(_) => "Redis Cluster",
+        };
+        format!("{kind} at {} (keys under {PREFIX})", self.url)
+    }
+
+    /// A client of the store's Redis, when it is one node (a fleet's
+    /// `--instances` sync through it).
+    pub(crate) fn client(&self) -> Option<redis::Client> {
+        match &self.writes {
+            Writes::Node(client, _) => Some(client.clone()),
+            Writes::Cluster(_) => None,
+        }
     }
 
     /// Connects, and deletes what an earlier run left under [`PREFIX`].
@@ -286,31 +316,86 @@ impl RedisStore {
         for pattern in [format!("{PREFIX}*"), format!("{{{FLEET}}}:*")] {
             unlink_matching(&mut writes, &pattern).await?;
         }
-        let loader = bloomguard::redis::RedisLoader::new(client.clone()).prefix(PREFIX);
         Ok(Self {
             url: url.to_string(),
-            client,
-            loader,
-            writes,
+            loader: bloomguard::redis::RedisLoader::new(client.clone()).prefix(PREFIX),
+            source: bloomguard::redis::RedisSource::new(client.clone(), format!("{PREFIX}*"))
+                .strip_prefix(PREFIX),
+            writes: Writes::Node(client, writes),
             expires_after,
         })
     }
 
-    /// One pipeline of `SET key 1 [PX ttl]`.
+    /// Connects to the cluster whose seed nodes are `urls`, and deletes
+    /// what an earlier run left under [`PREFIX`] on every master.
+    pub(crate) async fn open_cluster(
+        urls: &[String],
+        expires_after: Option<Duration>,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let client = redis::cluster::ClusterClient::new(urls.to_vec())?;
+        let mut writes = client.get_async_connection().await?;
+        let earlier = bloomguard::redis::RedisSource::cluster(client.clone(), format!("{PREFIX}*"));
+        let mut pages = earlier.scan();
+        while let Some(keys) = futures_util::StreamExt::next(&mut pages).await {
+            // UNLINK of many slots: the cluster connection splits it.
+            let _: i64 = redis::cmd("UNLINK")
+                .arg(keys?)
+                .query_async(&mut writes)
+                .await?;
+        }
+        drop(pages);
+        Ok(Self {
+            url: urls.join(","),
+            // The replay without the guard asks for 2.16 M keys a second,
+            // far more than a cluster on a few cores answers: its calls wait
+            // in the connection's queue, for seconds, rather than fail.
+            loader: bloomguard::redis::RedisLoader::cluster(client.clone())
+                .prefix(PREFIX)
+                .timeout(Duration::from_secs(60)),
+            source: bloomguard::redis::RedisSource::cluster(client, format!("{PREFIX}*"))
+                .strip_prefix(PREFIX),
+            writes: Writes::Cluster(writes),
+            expires_after,
+        })
+    }
+
+    /// `SET key 1 [PX ttl]` for each key in one pipeline on a node; on a
+    /// cluster (where a pipeline goes to one node) one `MSET`, or with an
+    /// expiry each `SET` at once over the cluster connection.
     pub(crate) async fn write(&self, keys: &[String]) -> Result<(), String> {
-        let mut pipeline = redis::pipe();
-        for key in keys {
-            let command = pipeline.cmd("SET").arg(format!("{PREFIX}{key}")).arg(1);
+        let set = |key: &String| {
+            let mut command = redis::cmd("SET");
+            command.arg(format!("{PREFIX}{key}")).arg(1);
             if let Some(ttl) = self.expires_after {
                 command.arg("PX").arg(ttl.as_millis() as u64);
             }
-            command.ignore();
-        }
-        let mut connection = self.writes.clone();
-        pipeline
-            .query_async::<()>(&mut connection)
-            .await
-            .map_err(|error| error.to_string())
+            command
+        };
+        let written = match self.writes.clone() {
+            Writes::Node(_, mut connection) => {
+                let mut pipeline = redis::pipe();
+                for key in keys {
+                    pipeline.add_command(set(key)).ignore();
+                }
+                pipeline.query_async::<()>(&mut connection).await
+            }
+            // One MSET, which the cluster connection splits by slot.
+            Writes::Cluster(mut connection) if self.expires_after.is_none() => {
+                let mut mset = redis::cmd("MSET");
+                for key in keys {
+                    mset.arg(format!("{PREFIX}{key}")).arg(1);
+                }
+                mset.query_async::<()>(&mut connection).await
+            }
+            Writes::Cluster(connection) => {
+                let writes = keys.iter().map(|key| {
+                    let (command, mut connection) = (set(key), connection.clone());
+                    async move { command.query_async::<()>(&mut connection).await }
+                });
+                futures_util::future::try_join_all(writes).await.map(|_| ())
+            }
+        };
+        written.map_err(|error| error.to_string())
     }
 
     async fn contains_many(&self, keys: &[String]) -> Result<Vec<Option<Seen>>, String> {
@@ -323,8 +408,7 @@ impl RedisStore {
     }
 
     fn source(&self) -> bloomguard::redis::RedisSource {
-        bloomguard::redis::RedisSource::new(self.client.clone(), format!("{PREFIX}*"))
-            .strip_prefix(PREFIX)
+        self.source.clone()
     }
 }
 

@@ -239,7 +239,7 @@ pub(crate) struct RedisStore {
 #[cfg(feature = "redis")]
 #[derive(Clone)]
 enum Writes {
-    Node(redis::Client, redis::aio::MultiplexedConnection),
+    Node(Box<redis::Client>, redis::aio::MultiplexedConnection),
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
@@ -300,7 +300,7 @@ impl RedisStore {
     /// `--instances` sync through it).
     pub(crate) fn client(&self) -> Option<redis::Client> {
         match &self.writes {
-            Writes::Node(client, _) => Some(client.clone()),
+            Writes::Node(client, _) => Some(redis::Client::clone(client)),
             Writes::Cluster(_) => None,
         }
     }
@@ -321,7 +321,7 @@ impl RedisStore {
             loader: bloomguard::redis::RedisLoader::new(client.clone()).prefix(PREFIX),
             source: bloomguard::redis::RedisSource::new(client.clone(), format!("{PREFIX}*"))
                 .strip_prefix(PREFIX),
-            writes: Writes::Node(client, writes),
+            writes: Writes::Node(Box::new(client), writes),
             expires_after,
         })
     }

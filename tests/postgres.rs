@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use bloomguard::postgres::{PgLoadError, PgLoader, PgSource};
 use bloomguard::source::{KeySource, KeyStream};
-use bloomguard::{Guard, GuardLayer, GuardedLoader, RebuildError, Verdict};
+use bloomguard::{GuardLayer, GuardedLoader, RebuildError, Verdict};
+use common::guard_from;
 use common::postgres_server::PostgresServer;
 use futures_util::StreamExt;
 use tower::{Layer, ServiceExt};
@@ -28,21 +29,13 @@ async fn items(pool: &sqlx::PgPool, rows: i64) {
         .unwrap();
 }
 
-fn guard_over(source: impl KeySource) -> Guard {
-    Guard::builder()
-        .expected_items(100_000)
-        .source(source)
-        .build()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_by_keyset_pages_holds_exactly_the_table() {
     let server = PostgresServer::start();
     let pool = server.pool().await;
     items(&pool, 25_000).await;
     // Pages of 1,000 (the last one full: the pass ends on an empty page).
-    let guard = guard_over(PgSource::new(pool.clone(), "items", "id").page(1_000));
+    let guard = guard_from(PgSource::new(pool.clone(), "items", "id").page(1_000));
     let report = guard.rebuild().await.unwrap();
     assert_eq!(report.keys, 25_000);
     assert!((0..25_000).all(|i| guard.check(i.to_string()) == Verdict::MaybePresent));
@@ -59,7 +52,7 @@ async fn a_rebuild_by_keyset_pages_holds_exactly_the_table() {
     )
     .page(333)
     .map_key(|id| format!("item:{id}").into_bytes());
-    let mapped = guard_over(source);
+    let mapped = guard_from(source);
     let report = mapped.rebuild().await.unwrap();
     let expected = (0..25_000)
         .filter(|i| i.to_string().starts_with('1'))
@@ -73,7 +66,7 @@ async fn writes_made_during_a_rebuild_survive_it() {
     let server = PostgresServer::start();
     let pool = server.pool().await;
     items(&pool, 20_000).await;
-    let guard = guard_over(PgSource::new(pool.clone(), "items", "id").page(500));
+    let guard = guard_from(PgSource::new(pool.clone(), "items", "id").page(500));
     guard.rebuild().await.unwrap();
     let rebuilding = {
         let guard = guard.clone();
@@ -124,7 +117,7 @@ async fn a_database_restarted_mid_rebuild_fails_the_pass_and_the_retry_succeeds(
     let pool = server.pool().await;
     items(&pool, 10_000).await;
     let server = Arc::new(std::sync::Mutex::new(server));
-    let guard = guard_over(StopsTheServerMidPass {
+    let guard = guard_from(StopsTheServerMidPass {
         source: PgSource::new(pool.clone(), "items", "id").page(1_000),
         server: Arc::clone(&server),
         stopped: AtomicBool::new(false),
@@ -145,7 +138,7 @@ async fn the_loader_reads_one_key_and_batches_in_one_query() {
     let server = PostgresServer::start();
     let pool = server.pool().await;
     items(&pool, 1_000).await;
-    let guard = guard_over(PgSource::new(pool.clone(), "items", "id"));
+    let guard = guard_from(PgSource::new(pool.clone(), "items", "id"));
     guard.rebuild().await.unwrap();
     let loader = PgLoader::<String>::new(pool.clone(), "items", "id", "name");
     let gate = GuardedLoader::new(guard.clone(), loader.clone());
@@ -173,7 +166,7 @@ async fn the_loader_reads_one_key_and_batches_in_one_query() {
 async fn a_missing_table_is_a_clear_error_and_a_stuck_call_times_out() {
     let server = PostgresServer::start();
     let pool = server.pool().await;
-    let guard = guard_over(PgSource::new(pool.clone(), "missing", "id"));
+    let guard = guard_from(PgSource::new(pool.clone(), "missing", "id"));
     let error = guard.rebuild().await.unwrap_err();
     assert!(
         error.to_string().contains("\"missing\" does not exist"),

@@ -241,6 +241,7 @@ mod cluster {
 
     use bloomguard::source::{KeySource, KeyStream};
     use bloomguard::{GuardedLoader, RebuildError};
+    use common::guard_from;
     use common::redis_cluster::RedisCluster;
     use futures_util::StreamExt;
 
@@ -293,14 +294,6 @@ mod cluster {
         }
     }
 
-    fn guard_over(source: impl KeySource) -> Guard {
-        Guard::builder()
-            .expected_items(100_000)
-            .source(source)
-            .build()
-            .unwrap()
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_rebuild_scans_every_master_and_batches_load_across_slots() {
         let cluster = RedisCluster::start();
@@ -308,7 +301,7 @@ mod cluster {
         let source = RedisSource::cluster(cluster.client(), "item:*")
             .count(500)
             .strip_prefix("item:");
-        let guard = guard_over(source);
+        let guard = guard_from(source);
         let report = guard.rebuild().await.unwrap();
         assert_eq!(report.keys, KEYS, "every master's keys, once");
         assert!((0..KEYS).all(|i| guard.check(i.to_string()) == Verdict::MaybePresent));
@@ -356,7 +349,7 @@ mod cluster {
         let cluster = RedisCluster::start();
         populate(&cluster).await;
         let cluster = Arc::new(Mutex::new(cluster));
-        let guard = guard_over(KillsAMasterMidPass {
+        let guard = guard_from(KillsAMasterMidPass {
             source: RedisSource::cluster(cluster.lock().unwrap().client(), "item:*")
                 .count(500)
                 .strip_prefix("item:"),

@@ -25,6 +25,16 @@ pub(crate) fn absent_keys(first: u64, count: u64) -> Vec<String> {
         .collect()
 }
 
+/// A guard sized for 100,000 keys that rebuilds from `source`.
+#[cfg(feature = "guard")]
+pub(crate) fn guard_from(source: impl bloomguard::KeySource) -> bloomguard::Guard {
+    bloomguard::Guard::builder()
+        .expected_items(100_000)
+        .source(source)
+        .build()
+        .unwrap()
+}
+
 /// Polls `condition` every few milliseconds for up to 30 s: generous, so a
 /// slow machine only makes a test slower, never wrong.
 pub(crate) async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {

@@ -342,6 +342,14 @@ pub enum FleetError {
     },
     /// Redis answered in a shape the fleet does not write.
     UnexpectedReply(&'static str),
+    /// Fewer replicas than asked for acknowledged an append or a renewal
+    /// within a lease (`FleetSyncBuilder::wait_for_replicas`).
+    NotReplicated {
+        /// Replicas asked for.
+        wanted: usize,
+        /// Replicas that acknowledged.
+        acknowledged: usize,
+    },
 }
 
 #[cfg(feature = "redis")]
@@ -379,6 +387,13 @@ impl fmt::Display for FleetError {
                 "{members_behind} fleet member(s) did not apply the insert within {waited:?}"
             ),
             Self::UnexpectedReply(what) => write!(f, "unexpected reply from Redis: {what}"),
+            Self::NotReplicated {
+                wanted,
+                acknowledged,
+            } => write!(
+                f,
+                "{acknowledged} of the {wanted} replicas asked for acknowledged the write in time"
+            ),
         }
     }
 }

@@ -819,3 +819,81 @@ async fn a_fenced_member_trusts_neither_its_maybe_nor_its_cached_absent_answers(
     caught_up(&b).await;
     assert!(loader.contains("late".to_owned()).await.unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_the_fleet_keeps_its_contract_across_a_failover() {
+    // Two replicas per master: once one is promoted, the other still holds
+    // every append (`wait_for_replicas(1)`), so writes go on.
+    let mut cluster = common::redis_cluster::RedisCluster::start_with_replicas(2);
+    let urls = cluster.urls();
+    let join_cluster = |name: &'static str| {
+        let urls = urls.clone();
+        async move {
+            let fleet = FleetSync::cluster_builder(guard(name), &urls, "cfleet")
+                .unwrap()
+                .lease(LEASE)
+                .wait_for_replicas(1)
+                .build();
+            let handle = fleet.join().await.unwrap();
+            Member { fleet, handle }
+        }
+    };
+    let a = join_cluster("a").await;
+    let b = join_cluster("b").await;
+    let c = join_cluster("c").await;
+    for member in [&a, &b, &c] {
+        caught_up(member).await;
+    }
+    let ledger = Ledger::default();
+    let audit = audit(&ledger, vec![b.guard().clone(), c.guard().clone()]);
+    assert_eq!(
+        keep_writing(&ledger, &a.fleet, keys("before", 300))
+            .await
+            .unwrap(),
+        300
+    );
+
+    // The master of the fleet's slot dies while A keeps writing. Writes that
+    // fail meanwhile are not made (the ledger counts only the others).
+    let stop = CancellationToken::new();
+    let writer = {
+        let (ledger, fleet, stop) = (ledger.clone(), a.fleet.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut completed = 0;
+            for i in 0.. {
+                if stop.is_cancelled() {
+                    break;
+                }
+                completed += u64::from(ledger.write(&fleet, format!("during:{i}")).await);
+            }
+            completed
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let master = cluster.master_of("{cfleet}:inserts");
+    cluster.kill(master);
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.wait_until_healed();
+        cluster
+    })
+    .await
+    .unwrap();
+    let resumed = ledger.completed().len();
+    wait_until("writes to complete again", || {
+        ledger.completed().len() > resumed + 100
+    })
+    .await;
+    stop.cancel();
+    let completed = writer.await.unwrap();
+    assert!(completed > 0, "writes resume after the failover");
+    for member in [&a, &b, &c] {
+        caught_up(member).await;
+    }
+    audit.finish().await;
+    for key in ledger.completed() {
+        for member in [&b, &c] {
+            assert_eq!(member.guard().check(&key), Verdict::MaybePresent, "{key}");
+        }
+    }
+    drop(cluster);
+}

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{Client, RedisError, Value};
 use tokio::sync::OnceCell;
 
@@ -92,6 +92,29 @@ impl redis::aio::ConnectionLike for Live {
         match self {
             Self::Node(manager) => manager.get_db(),
             Self::Cluster(cluster, _) => cluster.get_db(),
+        }
+    }
+}
+
+impl Live {
+    /// `WAIT replicas timeout` on the node serving `key`: how many replicas
+    /// acknowledged every write this connection made to it.
+    async fn wait_for_replicas(
+        &mut self,
+        key: &str,
+        replicas: usize,
+        timeout: Duration,
+    ) -> Result<usize, RedisError> {
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(replicas).arg(timeout.as_millis() as u64);
+        match self {
+            Self::Node(manager) => wait.query_async(manager).await,
+            Self::Cluster(cluster, _) => {
+                let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                let acknowledged = cluster.route_command(wait, routing).await?;
+                Ok(redis::from_redis_value(acknowledged)?)
+            }
         }
     }
 }

@@ -20,11 +20,17 @@ impl RedisCluster {
     /// # Panics
     /// When `redis-server` or `redis-cli` is missing, or the cluster does not form.
     pub(crate) fn start() -> Self {
+        Self::start_with_replicas(1)
+    }
+
+    /// [`start`](Self::start) with `replicas` replicas per master.
+    pub(crate) fn start_with_replicas(replicas: usize) -> Self {
+        let count = 3 * (1 + replicas);
         // Each node also listens on its port + 10000 (the cluster bus), so
         // the port must be at most 55535 and both must be free. The
         // listeners are held until all six are chosen, so none repeats.
         let mut held = Vec::new();
-        while held.len() < 6 {
+        while held.len() < count {
             let listener = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
             let port = listener.local_addr().unwrap().port();
             if port <= 55_535
@@ -46,23 +52,7 @@ impl RedisCluster {
         std::fs::create_dir_all(&dir).unwrap();
         let nodes = ports
             .iter()
-            .map(|port| {
-                let spawned = Command::new("redis-server")
-                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                    .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
-                    .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
-                    .args(["--save", "", "--appendonly", "no"])
-                    .arg("--dir")
-                    .arg(&dir)
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn();
-                Some(spawned.unwrap_or_else(|error| {
-                    panic!(
-                        "this test needs redis-server on the PATH (apt-get install -y redis-server): {error}"
-                    )
-                }))
-            })
+            .map(|&port| Some(spawn_node(port, &dir)))
             .collect();
         let cluster = Self { ports, nodes, dir };
         for &port in &cluster.ports {
@@ -76,7 +66,7 @@ impl RedisCluster {
         let created = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addresses)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("this test needs redis-cli on the PATH (apt-get install -y redis-server)");
         assert!(
@@ -86,6 +76,27 @@ impl RedisCluster {
         );
         for &port in &cluster.ports {
             cluster.wait_until_served(port);
+        }
+        // And every replica synced, so that `WAIT` and failovers find them.
+        for &port in &cluster.ports {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let info: String = query(port, redis::cmd("INFO").arg("replication")).unwrap();
+                let synced = if info.contains("role:master") {
+                    info.contains(&format!("connected_slaves:{replicas}"))
+                        && info.matches("state=online").count() == replicas
+                } else {
+                    info.contains("master_link_status:up")
+                };
+                if synced {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "timed out waiting for replication on {port}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
         cluster
     }
@@ -117,6 +128,27 @@ impl RedisCluster {
                 address.split('@').next()?.rsplit(':').next()?.parse().ok()
             })
             .collect()
+    }
+
+    /// The port of the master serving `key`'s slot now.
+    pub(crate) fn master_of(&self, key: &str) -> u16 {
+        let port = self.live_port();
+        let slot: u16 = query(port, redis::cmd("CLUSTER").arg("KEYSLOT").arg(key)).unwrap();
+        let nodes = self.nodes();
+        nodes
+            .lines()
+            .filter(|line| {
+                let flags = line.split(' ').nth(2).unwrap_or("");
+                flags.contains("master") && !flags.contains("fail")
+            })
+            .find(|line| {
+                line.split(' ').skip(8).any(|range| {
+                    let (first, last) = range.split_once('-').unwrap_or((range, range));
+                    matches!((first.parse::<u16>(), last.parse::<u16>()), (Ok(a), Ok(b)) if (a..=b).contains(&slot))
+                })
+            })
+            .and_then(|line| line.split(' ').nth(1)?.split('@').next()?.rsplit(':').next()?.parse().ok())
+            .expect("a master serves the slot")
     }
 
     /// `CLUSTER NODES`, as a live node sees it.
@@ -163,6 +195,25 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// Starts the node of `port`, keeping its cluster state in `dir`.
+fn spawn_node(port: u16, dir: &std::path::Path) -> Child {
+    let spawned = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+        .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    spawned.unwrap_or_else(|error| {
+        panic!(
+            "this test needs redis-server on the PATH (apt-get install -y redis-server): {error}"
+        )
+    })
 }
 
 fn query<T: redis::FromRedisValue>(port: u16, command: &redis::Cmd) -> redis::RedisResult<T> {

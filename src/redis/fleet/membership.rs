@@ -147,9 +147,14 @@ impl FleetSync {
             .arg(position)
             .invoke_async(&mut connection)
             .await;
-        let (continuous, last, members, fleet_since) = reply.inspect_err(|_| {
-            // It may have run in Redis and found the lease lapsed: the next
-            // renewal cannot tell, so it must not count as continuous.
+        // A renewal that failed may have run in Redis and found the lease
+        // lapsed, and one its replicas do not hold yet would be lost in a
+        // failover: either way the next renewal must not count as continuous.
+        let replicated = match reply {
+            Ok(reply) => self.replicated(&mut connection).await.map(|()| reply),
+            Err(error) => Err(error.into()),
+        };
+        let (continuous, last, members, fleet_since) = replicated.inspect_err(|_| {
             self.state().lease_in_doubt = true;
         })?;
         Ok(Renewal {

@@ -53,10 +53,10 @@
 //!   member that replaces its set from a snapshot forgets them: in a fleet,
 //!   write through the `FleetSync`.
 //! - A Redis failover to an asynchronous replica can lose acknowledged
-//!   entries without the members noticing (the append does not `WAIT` for
-//!   replicas). Run the fleet's Redis as one primary, with or without
-//!   persistence: a restart that loses its data is noticed (the fleet's
-//!   record begins anew) and handled.
+//!   entries without the members noticing, unless appends and renewals wait
+//!   for replicas ([`wait_for_replicas`](FleetSyncBuilder::wait_for_replicas)).
+//!   A restart that loses the data is noticed (the fleet's record begins
+//!   anew) and handled either way.
 //! - Members without a source recover only from snapshots: if every one of
 //!   them falls behind the trimmed stream at once, none can publish one and
 //!   all stay fenced (answering `MaybePresent`) until one is restarted with
@@ -76,7 +76,10 @@
 //! Redis keys is part of the secret, and write access lets a writer replace
 //! the fleet's filter. Keep them behind Redis ACLs.
 //!
-//! All keys of a fleet share the hash tag `{name}`, so they live in one slot.
+//! All keys of a fleet share the hash tag `{name}`, so they live in one slot:
+//! on a Redis Cluster ([`FleetSync::cluster_builder`]) one master serves the
+//! whole fleet, and [`wait_for_replicas`](FleetSyncBuilder::wait_for_replicas)
+//! keeps the contract across its failover.
 
 mod membership;
 mod position;
@@ -135,7 +138,7 @@ pub struct FleetSync {
 
 struct Inner {
     guard: Guard,
-    client: Client,
+    redis: FleetRedis,
     /// Commands, scripts and renewals; the consumer's blocking reads have
     /// their own connection.
     connection: Connection,
@@ -154,6 +157,45 @@ struct Inner {
     /// A member asked for a snapshot.
     snapshot_requested: Notify,
     counters: FleetCounters,
+}
+
+/// Where a fleet's Redis is: one node, or a cluster (with its seed nodes:
+/// the notice subscriber connects to one of them, since every node of a
+/// cluster hears every `PUBLISH`).
+#[derive(Clone)]
+enum FleetRedis {
+    Node(Client),
+    Cluster {
+        client: Box<redis::cluster::ClusterClient>,
+        seeds: Vec<String>,
+    },
+}
+
+impl fmt::Debug for FleetRedis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Node(client) => f.debug_tuple("Node").field(client).finish(),
+            Self::Cluster { seeds, .. } => f.debug_struct("Cluster").field("seeds", seeds).finish(),
+        }
+    }
+}
+
+impl FleetRedis {
+    /// A connection of its own, timing out calls after `timeout`.
+    fn connection(&self, timeout: Duration) -> Connection {
+        match self {
+            Self::Node(client) => Connection::new(client.clone(), timeout),
+            Self::Cluster { client, .. } => Connection::cluster(client.as_ref().clone(), timeout),
+        }
+    }
+
+    /// A client of one node, for the notices (the `attempt`-th seed of a cluster).
+    fn notices_client(&self, attempt: usize) -> Option<Client> {
+        match self {
+            Self::Node(client) => Some(client.clone()),
+            Self::Cluster { seeds, .. } => Client::open(seeds[attempt % seeds.len()].as_str()).ok(),
+        }
+    }
 }
 
 /// The Redis keys of one fleet, all under the hash tag `{name}`.
@@ -202,6 +244,8 @@ struct Settings {
     stream_max_len: usize,
     chunk_bytes: usize,
     snapshot_every: Option<Duration>,
+    /// Replicas that must hold each append and renewal before it counts.
+    replicas: usize,
 }
 
 /// What this member knows of its standing in the fleet. Never held across
@@ -252,7 +296,7 @@ impl MemberState {
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct FleetSyncBuilder {
     guard: Guard,
-    client: Client,
+    redis: FleetRedis,
     name: String,
     settings: Settings,
 }
@@ -297,15 +341,29 @@ impl FleetSyncBuilder {
         self
     }
 
+    /// Counts an append (a write's insert) or a lease renewal only once
+    /// `replicas` replicas of the fleet's Redis hold it (`WAIT`), so that a
+    /// failover to a replica loses no acknowledged insert and no lease a
+    /// member counts on. 0 (unless told) for one node. On a cluster, give
+    /// the fleet's master at least `replicas + 1` replicas: after a
+    /// failover the promoted one must still have `replicas` of its own, or
+    /// no write is made ([`FleetError::NotReplicated`]) and every member
+    /// fences itself until a replica is back. Tested with 2 replicas per
+    /// master and `wait_for_replicas(1)`.
+    pub fn wait_for_replicas(mut self, replicas: usize) -> Self {
+        self.settings.replicas = replicas;
+        self
+    }
+
     /// The member, not yet joined: see [`FleetSync::join`].
     pub fn build(self) -> FleetSync {
         let seed = RandomState::new().hash_one(std::process::id());
         FleetSync {
             inner: Arc::new(Inner {
-                connection: Connection::new(self.client.clone(), self.settings.lease),
+                connection: self.redis.connection(self.settings.lease),
                 member: format!("{}:{seed:016x}", self.guard.name()),
                 guard: self.guard,
-                client: self.client,
+                redis: self.redis,
                 keys: Keys::new(&self.name),
                 settings: self.settings,
                 state: Mutex::new(MemberState::default()),
@@ -331,9 +389,35 @@ impl FleetSync {
     /// Configures `guard`'s membership of the fleet `name` on the Redis
     /// behind `client`.
     pub fn builder(guard: Guard, client: Client, name: &str) -> FleetSyncBuilder {
+        Self::builder_on(guard, FleetRedis::Node(client), name)
+    }
+
+    /// Configures `guard`'s membership of the fleet `name` on the Redis
+    /// Cluster whose seed nodes are `seeds`. Every key of the fleet carries
+    /// the hash tag `{name}`, so they live in one slot, served by one master;
+    /// see [`wait_for_replicas`](FleetSyncBuilder::wait_for_replicas) to
+    /// keep the contract across a failover.
+    ///
+    /// # Errors
+    /// A seed that is not a Redis URL.
+    pub fn cluster_builder(
+        guard: Guard,
+        seeds: &[impl AsRef<str>],
+        name: &str,
+    ) -> Result<FleetSyncBuilder, redis::RedisError> {
+        let seeds: Vec<String> = seeds.iter().map(|seed| seed.as_ref().to_owned()).collect();
+        let client = redis::cluster::ClusterClient::new(seeds.clone())?;
+        let redis = FleetRedis::Cluster {
+            client: Box::new(client),
+            seeds,
+        };
+        Ok(Self::builder_on(guard, redis, name))
+    }
+
+    fn builder_on(guard: Guard, redis: FleetRedis, name: &str) -> FleetSyncBuilder {
         FleetSyncBuilder {
             guard,
-            client,
+            redis,
             name: name.to_owned(),
             settings: Settings {
                 lease: Self::DEFAULT_LEASE,
@@ -341,8 +425,28 @@ impl FleetSync {
                 stream_max_len: Self::DEFAULT_STREAM_MAX_LEN,
                 chunk_bytes: Self::DEFAULT_SNAPSHOT_CHUNK_BYTES,
                 snapshot_every: None,
+                replicas: 0,
             },
         }
+    }
+
+    /// Waits until the configured number of replicas holds every write this
+    /// member made on its connection so far.
+    async fn replicated(&self, connection: &mut super::Live) -> Result<(), FleetError> {
+        let wanted = self.inner.settings.replicas;
+        if wanted == 0 {
+            return Ok(());
+        }
+        let acknowledged = connection
+            .wait_for_replicas(&self.inner.keys.stream, wanted, self.inner.settings.lease)
+            .await?;
+        if acknowledged < wanted {
+            return Err(FleetError::NotReplicated {
+                wanted,
+                acknowledged,
+            });
+        }
+        Ok(())
     }
 
     /// The guard this instance answers from.

@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::aio::MultiplexedConnection;
 use redis::streams::StreamRangeReply;
-use redis::{AsyncConnectionConfig, Script, Value};
+use redis::{Script, Value};
 use tokio::time::Instant;
 
+use super::super::Live;
 use super::{FleetSync, StreamPosition};
 use crate::error::FleetError;
 use crate::guard::RebuildError;
@@ -117,7 +117,7 @@ impl FleetSync {
         landed: bool,
     ) -> Result<StreamPosition, FleetError> {
         let mut connection = self.inner.connection.get().await?;
-        Ok(Script::new(APPEND)
+        let entry = Script::new(APPEND)
             .key(&self.inner.keys.stream)
             .key(&self.inner.keys.trimmed)
             .arg(&self.inner.member)
@@ -125,7 +125,9 @@ impl FleetSync {
             .arg(self.inner.settings.stream_max_len)
             .arg(encode_keys(keys))
             .invoke_async(&mut connection)
-            .await?)
+            .await?;
+        self.replicated(&mut connection).await?;
+        Ok(entry)
     }
 
     /// Removes the stream's entries before `position`.
@@ -175,7 +177,7 @@ impl FleetSync {
 
     /// Applies the stream in order, for as long as the member runs.
     pub(super) async fn consume(&self) {
-        let mut reader: Option<MultiplexedConnection> = None;
+        let mut reader: Option<Live> = None;
         loop {
             if self.state().recovering {
                 self.recover().await;
@@ -222,20 +224,13 @@ impl FleetSync {
 
     /// The consumer's own connection: its blocking reads would hold up
     /// every command queued behind them on a shared one.
-    async fn connect_reader(&self) -> Result<MultiplexedConnection, FleetError> {
-        let lease = self.inner.settings.lease;
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(lease / 2))
-            .set_response_timeout(Some(lease / 2));
-        Ok(self
-            .inner
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?)
+    async fn connect_reader(&self) -> Result<Live, FleetError> {
+        let connection = self.inner.redis.connection(self.inner.settings.lease / 2);
+        Ok(connection.get().await?)
     }
 
     /// Applies the entries after this member's position, if none were trimmed.
-    async fn apply_next(&self, connection: &mut MultiplexedConnection) -> Result<Next, FleetError> {
+    async fn apply_next(&self, connection: &mut Live) -> Result<Next, FleetError> {
         let position = self.state().position;
         let read = self.read_after(connection, position, READ_COUNT).await?;
         let read_at = Instant::now();
@@ -331,10 +326,7 @@ impl FleetSync {
 
     /// Blocks until an entry after this member's position exists (or a
     /// quarter lease passed, to keep the consumer's heartbeat going).
-    async fn wait_for_entries(
-        &self,
-        connection: &mut MultiplexedConnection,
-    ) -> Result<(), FleetError> {
+    async fn wait_for_entries(&self, connection: &mut Live) -> Result<(), FleetError> {
         let position = self.state().position;
         let block = self.inner.settings.lease / 4;
         let _: Value = redis::cmd("XREAD")
@@ -413,8 +405,9 @@ impl FleetSync {
     /// Listens for the fleet's notices: positions applied (waking writers),
     /// snapshots published, snapshots asked for.
     pub(super) async fn listen(&self) {
-        loop {
-            if let Ok(mut subscription) = self.inner.client.get_async_pubsub().await
+        for attempt in 0.. {
+            if let Some(client) = self.inner.redis.notices_client(attempt)
+                && let Ok(mut subscription) = client.get_async_pubsub().await
                 && subscription
                     .subscribe(&self.inner.keys.notices)
                     .await

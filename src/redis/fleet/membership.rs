@@ -33,6 +33,7 @@
 //! next one is not taken as continuous; a reply to a renewal sent before the
 //! member gave its lease up (recovering, leaving) is ignored.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::Script;
@@ -46,7 +47,9 @@ use crate::error::FleetError;
 /// was still live in Redis, the stream's last entry id, how many members
 /// hold live leases now, and when the fleet's record began (which changes
 /// when Redis lost the fleet's data). Drops lapsed members on the way.
-const RENEW: &str = r"
+static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('SET', KEYS[3], now) end
@@ -64,13 +67,17 @@ local last = '0-0'
 local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
 if newest[1] then last = newest[1][1] end
 return {continuous, last, redis.call('ZCARD', KEYS[1]), since}
-";
+",
+    )
+});
 
 /// Whether every member with a live lease has applied entry
 /// `ARGV[1]-ARGV[2]`. Returns `{behind, wait_ms}`: how many have not (or 1
 /// while the fleet's record is younger than a lease), and how long until
 /// the last of their leases, or that grace, runs out.
-const ACKNOWLEDGED: &str = r"
+static ACKNOWLEDGED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local since = tonumber(redis.call('GET', KEYS[3]))
@@ -99,16 +106,22 @@ for i = 1, #members, 2 do
   end
 end
 return {behind, wait}
-";
+",
+    )
+});
 
 /// How long writers still wait out the fleet record's first lease (`ARGV[1]`),
 /// starting the record when there is none.
-const GRACE: &str = r"
+static GRACE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SET', KEYS[1], now) end
 return math.max(0, tonumber(redis.call('GET', KEYS[1])) + tonumber(ARGV[1]) - now)
-";
+",
+    )
+});
 
 /// Longest pause between two looks at the members while waiting, in case a
 /// notice is lost (the notice subscriber reconnecting).
@@ -137,7 +150,7 @@ impl FleetSync {
         };
         let sent_at = Instant::now();
         let mut connection = self.inner.connection.get().await?;
-        let reply: Result<(u8, StreamPosition, u64, u64), _> = Script::new(RENEW)
+        let reply: Result<(u8, StreamPosition, u64, u64), _> = RENEW
             .key(&keys.leases)
             .key(&keys.applied)
             .key(&keys.since)
@@ -170,7 +183,7 @@ impl FleetSync {
     /// How long writers still wait out the fleet record's first lease.
     pub(super) async fn grace(&self) -> Result<Duration, FleetError> {
         let mut connection = self.inner.connection.get().await?;
-        let grace_ms: u64 = Script::new(GRACE)
+        let grace_ms: u64 = GRACE
             .key(&self.inner.keys.since)
             .arg(self.inner.settings.lease.as_millis() as u64)
             .invoke_async(&mut connection)
@@ -210,11 +223,10 @@ impl FleetSync {
     pub(super) async fn wait_for_members(&self, entry: StreamPosition) -> Result<(), FleetError> {
         let started = Instant::now();
         let keys = &self.inner.keys;
-        let script = Script::new(ACKNOWLEDGED);
         let mut notices = self.inner.applied_notices.subscribe();
         let mut connection = self.inner.connection.get().await?;
         loop {
-            let (behind, wait_ms): (u64, u64) = script
+            let (behind, wait_ms): (u64, u64) = ACKNOWLEDGED
                 .key(&keys.leases)
                 .key(&keys.applied)
                 .key(&keys.since)

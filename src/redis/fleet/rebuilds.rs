@@ -12,7 +12,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, LazyLock, Weak};
 use std::time::Duration;
 
 use redis::Script;
@@ -23,10 +23,14 @@ use crate::error::FleetError;
 use crate::guard::RebuildTurns;
 
 /// Deletes the lock in `KEYS[1]` if this member (`ARGV[1]`) still holds it.
-const RELEASE: &str = r"
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
-";
+",
+    )
+});
 
 /// The guard's side of the turns: holds the member weakly (the member holds
 /// the guard).
@@ -92,7 +96,7 @@ impl FleetSync {
         }
         let released: Result<i64, FleetError> = async {
             let mut connection = self.inner.connection.get().await?;
-            Ok(Script::new(RELEASE)
+            Ok(RELEASE
                 .key(&self.inner.keys.rebuild_lock)
                 .arg(&self.inner.member)
                 .invoke_async(&mut connection)

@@ -1,6 +1,7 @@
 //! The insert stream: appending, applying in order, noticing a gap, and
 //! recovering from one.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -25,7 +26,9 @@ const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 /// whether entries after its position are gone. Trims in steps of a
 /// hundredth of the cap, so that most appends do not trim. Returns the
 /// entry's id.
-const APPEND: &str = r"
+static APPEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
 local id
 if ARGV[2] == '1' then
   id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[4], 'm', ARGV[1], 'landed', '1')
@@ -40,7 +43,9 @@ if excess > 0 and excess >= math.max(1, math.floor(cap / 100)) then
   redis.call('XTRIM', KEYS[1], 'MINID', doomed[excess + 1][1])
 end
 return id
-";
+",
+    )
+});
 
 /// The keys of one entry: each as its length (u32, little-endian) and its
 /// bytes. One entry per batch, not per key: a member parses each entry's
@@ -73,25 +78,33 @@ fn decode_keys(mut encoded: &[u8]) -> Option<Vec<&[u8]>> {
 
 /// Removes the entries before `ARGV[1]`, recording the newest it removed
 /// in `KEYS[2]` (as `APPEND` does).
-const TRIM_BEFORE: &str = r"
+static TRIM_BEFORE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
 local newest = redis.call('XREVRANGE', KEYS[1], '(' .. ARGV[1], '-', 'COUNT', 1)
 if newest[1] then
   redis.call('SET', KEYS[2], newest[1][1])
   redis.call('XTRIM', KEYS[1], 'MINID', ARGV[1])
 end
 return 0
-";
+",
+    )
+});
 
 /// Reads the entries after `ARGV[1]` (up to `ARGV[2]`) together with the
 /// newest entry ever trimmed, in one step: `{last, trimmed, entries}`.
-const READ_AFTER: &str = r"
+static READ_AFTER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
 local trimmed = redis.call('GET', KEYS[2]) or '0-0'
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'0-0', trimmed, {}} end
 local last = '0-0'
 local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 if newest[1] then last = newest[1][1] end
 return {last, trimmed, redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])}
-";
+",
+    )
+});
 
 /// What one read found.
 struct Read {
@@ -117,7 +130,7 @@ impl FleetSync {
         landed: bool,
     ) -> Result<StreamPosition, FleetError> {
         let mut connection = self.inner.connection.get().await?;
-        let entry = Script::new(APPEND)
+        let entry = APPEND
             .key(&self.inner.keys.stream)
             .key(&self.inner.keys.trimmed)
             .arg(&self.inner.member)
@@ -133,7 +146,7 @@ impl FleetSync {
     /// Removes the stream's entries before `position`.
     pub(super) async fn trim_before(&self, position: StreamPosition) -> Result<(), FleetError> {
         let mut connection = self.inner.connection.get().await?;
-        let _: i64 = Script::new(TRIM_BEFORE)
+        let _: i64 = TRIM_BEFORE
             .key(&self.inner.keys.stream)
             .key(&self.inner.keys.trimmed)
             .arg(position)
@@ -158,7 +171,7 @@ impl FleetSync {
         position: StreamPosition,
         count: usize,
     ) -> Result<Read, FleetError> {
-        let reply: (StreamPosition, StreamPosition, Value) = Script::new(READ_AFTER)
+        let reply: (StreamPosition, StreamPosition, Value) = READ_AFTER
             .key(&self.inner.keys.stream)
             .key(&self.inner.keys.trimmed)
             .arg(position)

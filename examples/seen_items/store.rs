@@ -110,6 +110,16 @@ impl SeenStore {
     }
 }
 
+/// Which of a batch's keys a store's loader found: only that a value
+/// exists matters here.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+fn seen_in<V, E: std::fmt::Display>(
+    values: Result<Vec<Option<V>>, E>,
+) -> Result<Vec<Option<Seen>>, String> {
+    let values = values.map_err(|error| error.to_string())?;
+    Ok(values.into_iter().map(|value| value.map(|_| ())).collect())
+}
+
 impl Loader<String> for SeenStore {
     type Value = Seen;
     type Error = String;
@@ -399,12 +409,7 @@ impl RedisStore {
     }
 
     async fn contains_many(&self, keys: &[String]) -> Result<Vec<Option<Seen>>, String> {
-        let values = self
-            .loader
-            .get_many(keys)
-            .await
-            .map_err(|error| error.to_string())?;
-        Ok(values.into_iter().map(|value| value.map(|_| ())).collect())
+        seen_in(self.loader.get_many(keys).await)
     }
 
     fn source(&self) -> bloomguard::redis::RedisSource {
@@ -456,12 +461,7 @@ impl PgStore {
     }
 
     async fn contains_many(&self, keys: &[String]) -> Result<Vec<Option<Seen>>, String> {
-        let values = self
-            .loader
-            .get_many(keys)
-            .await
-            .map_err(|error| error.to_string())?;
-        Ok(values.into_iter().map(|value| value.map(|_| ())).collect())
+        seen_in(self.loader.get_many(keys).await)
     }
 
     fn source(&self) -> bloomguard::postgres::PgSource {

@@ -59,6 +59,42 @@ async fn join_with(
     Member { fleet, handle }
 }
 
+/// Member `a` on the server, and member `b` reaching it through a proxy
+/// that the test can stall or cut.
+struct BehindAProxy {
+    server: RedisServer,
+    proxy: Arc<TcpProxy>,
+    a: Member,
+    b: Member,
+}
+
+/// Joins `a` and `b` (through the proxy) to `fleet`; returns once `b` caught up.
+async fn behind_a_proxy(
+    fleet: &str,
+    configure: impl Fn(FleetSyncBuilder) -> FleetSyncBuilder,
+) -> BehindAProxy {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let a = join_with(guard("a"), server.client(), fleet, &configure).await;
+    let b = join_with(guard("b"), proxy.client(), fleet, &configure).await;
+    caught_up(&b).await;
+    BehindAProxy {
+        server,
+        proxy,
+        a,
+        b,
+    }
+}
+
+/// Stalls the proxy in front of `member` and waits until it fenced itself.
+async fn stall_until_fenced(proxy: &TcpProxy, member: &Member) {
+    proxy.stall();
+    wait_until("the stalled member to fence itself", || {
+        member.guard().is_fenced()
+    })
+    .await;
+}
+
 /// Waits until the member is caught up (not fenced).
 async fn caught_up(member: &Member) {
     wait_until("the member to catch up", || !member.guard().is_fenced()).await;
@@ -238,11 +274,13 @@ async fn killed_connections_cost_no_completed_write() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_member_fences_itself_and_catches_up_after() {
-    let server = RedisServer::start();
-    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
-    let a = join(guard("a"), server.client(), "stall").await;
-    let b = join(guard("b"), proxy.client(), "stall").await;
-    caught_up(&b).await;
+    // The server is held by the binding: dropping it would kill it.
+    let BehindAProxy {
+        server: _server,
+        proxy,
+        a,
+        b,
+    } = behind_a_proxy("stall", |builder| builder).await;
     let ledger = Ledger::default();
     let audit = audit(&ledger, vec![b.guard().clone()]);
     let writer = keep_writing(&ledger, &a.fleet, keys("before", 100));
@@ -319,20 +357,17 @@ async fn a_redis_restart_costs_no_completed_write() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_the_trimmed_stream_left_behind_recovers_from_a_snapshot() {
-    let server = RedisServer::start();
-    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
     let small =
         |builder: FleetSyncBuilder| builder.stream_max_len(50).snapshot_chunk_bytes(16 << 10);
-    let a = join_with(guard("a"), server.client(), "trim", small).await;
-    let b = join_with(guard("b"), proxy.client(), "trim", small).await;
-    caught_up(&b).await;
+    let BehindAProxy {
+        server,
+        proxy,
+        a,
+        b,
+    } = behind_a_proxy("trim", small).await;
     let ledger = Ledger::default();
     let audit = audit(&ledger, vec![b.guard().clone()]);
-    proxy.stall();
-    wait_until("the stalled member to fence itself", || {
-        b.guard().is_fenced()
-    })
-    .await;
+    stall_until_fenced(&proxy, &b).await;
     // Far more than the stream keeps, while B is away; no snapshot yet.
     assert_eq!(
         keep_writing(&ledger, &a.fleet, keys("away", 1_000))
@@ -760,11 +795,13 @@ async fn a_fenced_member_trusts_neither_its_maybe_nor_its_cached_absent_answers(
     use bloomguard::{GuardLayer, GuardedLoader, Verify};
     use tower::{Layer, ServiceExt};
 
-    let server = RedisServer::start();
-    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
-    let a = join(guard("a"), server.client(), "cache").await;
-    let b = join(guard("b"), proxy.client(), "cache").await;
-    caught_up(&b).await;
+    // The server is held by the binding: dropping it would kill it.
+    let BehindAProxy {
+        server: _server,
+        proxy,
+        a,
+        b,
+    } = behind_a_proxy("cache", |builder| builder).await;
     let ledger = Ledger::default();
     let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let backend = {
@@ -783,8 +820,7 @@ async fn a_fenced_member_trusts_neither_its_maybe_nor_its_cached_absent_answers(
 
     // Fenced: the "maybe" is not the filter's, so the backend is asked
     // (and says absent, which the cache keeps).
-    proxy.stall();
-    wait_until("B to fence itself", || b.guard().is_fenced()).await;
+    stall_until_fenced(&proxy, &b).await;
     assert!(!loader.contains("late".to_owned()).await.unwrap());
     assert_eq!(
         asked.load(std::sync::atomic::Ordering::Relaxed),
@@ -796,8 +832,7 @@ async fn a_fenced_member_trusts_neither_its_maybe_nor_its_cached_absent_answers(
 
     // Fenced again, and the key written meanwhile: the cached "absent" from
     // before must not answer for it.
-    proxy.stall();
-    wait_until("B to fence itself", || b.guard().is_fenced()).await;
+    stall_until_fenced(&proxy, &b).await;
     assert!(ledger.write(&a.fleet, "late".to_owned()).await);
     assert!(
         loader.contains("late".to_owned()).await.unwrap(),

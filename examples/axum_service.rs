@@ -8,10 +8,20 @@
 //! curl localhost:3000/metrics                       # Prometheus text
 //! ```
 //!
-//! The store is an in-memory map holding items `0` … `99999`; the guard
+//! The store holds items `0` … `99999` (written at start), and the guard
 //! rebuilds from it (a `KeySource`) when its false-positive rate drifts.
-//! `PORT` picks the port (default 3000). For Redis behind the guard, see
-//! `bloomguard::redis` and the main job (`examples/seen_items`).
+//! Where the store lives comes from the environment, as for the main job:
+//!
+//! - nothing set: an in-memory map;
+//! - `REDIS_URL=redis://127.0.0.1:6379/`: one Redis node;
+//! - `REDIS_CLUSTER_URLS=redis://127.0.0.1:7000/,redis://127.0.0.1:7001/`:
+//!   a Redis Cluster, given by some of its nodes.
+//!
+//! On Redis (add `--features metrics,redis`) items are the keys
+//! `bloomguard:item:{id}`: the guard rebuilds from a `SCAN` of every master
+//! ([`RedisSource`](bloomguard::redis::RedisSource)), reads go through a
+//! [`RedisLoader`](bloomguard::redis::RedisLoader), writes are `SET`s.
+//! `PORT` picks the port (default 3000).
 
 use std::sync::Arc;
 
@@ -26,9 +36,6 @@ use bloomguard::{Guard, GuardLayer, InsertLayer, RebuildPolicy, source};
 use dashmap::DashMap;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-/// The backend: item id → value.
-pub(crate) type Store = DashMap<String, Bytes>;
-
 /// The items route. The guard's key is the `{id}` decoded exactly as the
 /// handlers' `Path(id)` decodes it, so the guard, the handlers and the store
 /// name an item by the same string (`/items/%34%32` is item `42`).
@@ -37,27 +44,182 @@ const ITEM_ROUTE: &str = "/items/{id}";
 /// The header on the guard's own 404s, telling them from the handler's.
 pub(crate) static ANSWERED_BY: HeaderName = HeaderName::from_static("x-answered-by");
 
-pub(crate) fn seeded_store(items: u64) -> Arc<Store> {
-    let store = Store::new();
-    for id in 0..items {
-        store.insert(id.to_string(), Bytes::from(format!("item {id}")));
+/// Where the items live.
+pub(crate) enum Store {
+    /// An in-memory map: item id → value.
+    Memory(Arc<DashMap<String, Bytes>>),
+    /// Redis, one node or a cluster.
+    #[cfg(feature = "redis")]
+    Redis(Box<RedisItems>),
+}
+
+/// Where the environment says the items live: `REDIS_CLUSTER_URLS` (seed
+/// nodes, comma-separated), `REDIS_URL`, or in memory when neither is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StoreAt {
+    Memory,
+    Redis(String),
+    RedisCluster(Vec<String>),
+}
+
+impl StoreAt {
+    pub(crate) fn from_env(
+        redis_url: Option<&str>,
+        redis_cluster_urls: Option<&str>,
+    ) -> Result<Self, String> {
+        let seeds: Vec<String> = redis_cluster_urls
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|seed| !seed.is_empty())
+            .map(str::to_owned)
+            .collect();
+        match (redis_url, seeds.is_empty()) {
+            (Some(_), false) => {
+                Err("both REDIS_URL and REDIS_CLUSTER_URLS are set: choose one store".into())
+            }
+            (Some(url), true) => Ok(Self::Redis(url.to_owned())),
+            (None, false) => Ok(Self::RedisCluster(seeds)),
+            (None, true) => Ok(Self::Memory),
+        }
     }
-    Arc::new(store)
+}
+
+/// The items on Redis: read through the crate's loader, listed for rebuilds
+/// by its source, written with `SET`.
+#[cfg(feature = "redis")]
+pub(crate) struct RedisItems {
+    loader: bloomguard::redis::RedisLoader,
+    source: bloomguard::redis::RedisSource,
+    writer: RedisWriter,
+}
+
+#[cfg(feature = "redis")]
+#[derive(Clone)]
+enum RedisWriter {
+    Node(redis::aio::ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+/// Redis keys of the items: `bloomguard:item:{id}`.
+#[cfg(feature = "redis")]
+pub(crate) const REDIS_PREFIX: &str = "bloomguard:item:";
+
+impl Store {
+    /// Opens the store at `at` and writes items `0 .. items` into it.
+    pub(crate) async fn open(at: &StoreAt, items: u64) -> Result<Self, Box<dyn std::error::Error>> {
+        let store = match at {
+            StoreAt::Memory => Self::Memory(Arc::default()),
+            #[cfg(feature = "redis")]
+            StoreAt::Redis(url) => Self::Redis(Box::new(RedisItems::node(url).await?)),
+            #[cfg(feature = "redis")]
+            StoreAt::RedisCluster(seeds) => {
+                Self::Redis(Box::new(RedisItems::cluster(seeds).await?))
+            }
+            #[cfg(not(feature = "redis"))]
+            StoreAt::Redis(_) | StoreAt::RedisCluster(_) => {
+                return Err("Redis needs the `redis` feature: \
+                    cargo run --release --example axum_service --features metrics,redis"
+                    .into());
+            }
+        };
+        let ids: Vec<u64> = (0..items).collect();
+        for chunk in ids.chunks(10_000) {
+            let pairs: Vec<(String, Bytes)> = chunk
+                .iter()
+                .map(|id| (id.to_string(), Bytes::from(format!("item {id}"))))
+                .collect();
+            store.write_all(pairs).await?;
+        }
+        Ok(store)
+    }
+
+    async fn read(&self, id: &str) -> Result<Option<Bytes>, Box<dyn std::error::Error>> {
+        match self {
+            Self::Memory(items) => Ok(items.get(id).map(|value| value.clone())),
+            #[cfg(feature = "redis")]
+            Self::Redis(redis) => Ok(redis.loader.get(id).await?.map(Bytes::from)),
+        }
+    }
+
+    /// Writes every `(id, value)` pair: on Redis one `MSET`, which a
+    /// cluster connection splits by slot.
+    async fn write_all(
+        &self,
+        pairs: Vec<(String, Bytes)>,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        match self {
+            Self::Memory(items) => {
+                for (id, value) in pairs {
+                    items.insert(id, value);
+                }
+            }
+            #[cfg(feature = "redis")]
+            Self::Redis(redis) => {
+                let mut mset = redis::cmd("MSET");
+                for (id, value) in &pairs {
+                    mset.arg(format!("{REDIS_PREFIX}{id}")).arg(value.as_ref());
+                }
+                let () = match redis.writer.clone() {
+                    RedisWriter::Node(mut node) => mset.query_async(&mut node).await?,
+                    RedisWriter::Cluster(mut cluster) => mset.query_async(&mut cluster).await?,
+                };
+            }
+        }
+        Ok(())
+    }
+
+    /// The ids in the store, listed for the guard's rebuilds.
+    fn source(&self) -> Box<dyn bloomguard::KeySource> {
+        match self {
+            Self::Memory(items) => {
+                let items = Arc::clone(items);
+                Box::new(source::from_fn(move || {
+                    items
+                        .iter()
+                        .map(|item| item.key().clone())
+                        .collect::<Vec<_>>()
+                }))
+            }
+            #[cfg(feature = "redis")]
+            Self::Redis(redis) => Box::new(redis.source.clone()),
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl RedisItems {
+    async fn node(url: &str) -> redis::RedisResult<Self> {
+        let client = redis::Client::open(url)?;
+        Ok(Self {
+            loader: bloomguard::redis::RedisLoader::new(client.clone()).prefix(REDIS_PREFIX),
+            source: bloomguard::redis::RedisSource::new(client.clone(), format!("{REDIS_PREFIX}*"))
+                .strip_prefix(REDIS_PREFIX),
+            writer: RedisWriter::Node(client.get_connection_manager().await?),
+        })
+    }
+
+    async fn cluster(seeds: &[String]) -> redis::RedisResult<Self> {
+        let client = redis::cluster::ClusterClient::new(seeds.to_vec())?;
+        Ok(Self {
+            loader: bloomguard::redis::RedisLoader::cluster(client.clone()).prefix(REDIS_PREFIX),
+            source: bloomguard::redis::RedisSource::cluster(
+                client.clone(),
+                format!("{REDIS_PREFIX}*"),
+            )
+            .strip_prefix(REDIS_PREFIX),
+            writer: RedisWriter::Cluster(client.get_async_connection().await?),
+        })
+    }
 }
 
 /// The guard over `store`, rebuilt from it when its false-positive rate drifts.
-pub(crate) fn guard_over(store: &Arc<Store>) -> Guard {
-    let listed = Arc::clone(store);
+pub(crate) fn guard_over(store: &Store) -> Guard {
     Guard::builder()
         .name("items")
         .expected_items(1_000_000)
         .rebuild_policy(RebuildPolicy::default().when_drift_exceeds(2.0))
-        .source(source::from_fn(move || {
-            listed
-                .iter()
-                .map(|item| item.key().clone())
-                .collect::<Vec<_>>()
-        }))
+        .source(store.source())
         .build()
         .expect("the options above are in range")
 }
@@ -83,9 +245,10 @@ pub(crate) fn app(store: Arc<Store>, guard: Guard, prometheus: PrometheusHandle)
 }
 
 async fn read_item(State(store): State<Arc<Store>>, Path(id): Path<String>) -> impl IntoResponse {
-    match store.get(&id) {
-        Some(value) => (StatusCode::OK, value.clone()).into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
+    match store.read(&id).await {
+        Ok(Some(value)) => (StatusCode::OK, value).into_response(),
+        Ok(None) => StatusCode::NOT_FOUND.into_response(),
+        Err(_) => StatusCode::BAD_GATEWAY.into_response(),
     }
 }
 
@@ -94,8 +257,11 @@ async fn write_item(
     Path(id): Path<String>,
     body: Bytes,
 ) -> StatusCode {
-    store.insert(id, body); // InsertLayer put the id into the guard first
-    StatusCode::CREATED
+    // InsertLayer has put the id into the guard already.
+    match store.write_all(vec![(id, body)]).await {
+        Ok(()) => StatusCode::CREATED,
+        Err(_) => StatusCode::BAD_GATEWAY,
+    }
 }
 
 /// The port to serve on: `PORT`, or 3000 when it is unset.
@@ -119,8 +285,12 @@ async fn main() -> std::process::ExitCode {
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let port = port_from(std::env::var("PORT").ok().as_deref())?;
+    let at = StoreAt::from_env(
+        std::env::var("REDIS_URL").ok().as_deref(),
+        std::env::var("REDIS_CLUSTER_URLS").ok().as_deref(),
+    )?;
     let prometheus = PrometheusBuilder::new().install_recorder()?;
-    let store = seeded_store(100_000);
+    let store = Arc::new(Store::open(&at, 100_000).await?);
     let guard = guard_over(&store);
     let maintenance = guard.spawn_maintenance(); // first build, then rebuilds
     guard.ready().await;

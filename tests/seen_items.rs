@@ -259,6 +259,31 @@ fn the_gate_runs_against_a_real_redis_cluster() {
         guarded.events.iter().any(|event| event.rebuild),
         "a rebuild from every master's SCAN"
     );
+
+    // Three instances as one fleet over the same cluster (the store starts
+    // over), every request audited as on one node.
+    let outcome = run(small_run(
+        &chart,
+        &[
+            "--redis-cluster-urls",
+            &urls,
+            "--instances",
+            "3",
+            "--no-baseline",
+        ],
+    ));
+    let guarded = &outcome.guarded;
+    assert!(
+        guarded.audited_checks > 100_000,
+        "{}",
+        guarded.audited_checks
+    );
+    let fleet = guarded.fleet.as_ref().expect("the fleet's figures");
+    assert_eq!(fleet.instances, 3);
+    assert!(
+        fleet.acknowledgements.len() as u64 >= guarded.written / 512,
+        "every write batch was acknowledged"
+    );
     std::fs::remove_file(chart).unwrap();
 }
 

@@ -123,7 +123,7 @@ pub(crate) struct Args {
     #[arg(long, env = "DATABASE_URL")]
     pub(crate) database_url: Option<String>,
     /// Service instances, each with its own guard, joined as one fleet
-    /// through Redis (needs `REDIS_URL`): requests are spread over them and
+    /// through Redis (needs `REDIS_URL` or `REDIS_CLUSTER_URLS`): requests are spread over them and
     /// each batch of history writes goes through the next one.
     #[arg(long, default_value_t = 1)]
     pub(crate) instances: usize,
@@ -215,8 +215,9 @@ impl Args {
         if self.instances == 0 {
             return Err("--instances must be at least 1".into());
         }
-        if self.instances > 1 && (self.redis_url.is_none() || cfg!(not(feature = "redis"))) {
-            return Err("--instances above 1 needs one Redis node (REDIS_URL, and the `redis` feature): the fleet syncs through it (a fleet over a cluster is not built yet)".into());
+        let on_redis = self.redis_url.is_some() || !self.redis_cluster_urls.is_empty();
+        if self.instances > 1 && (!on_redis || cfg!(not(feature = "redis"))) {
+            return Err("--instances above 1 needs Redis (REDIS_URL or REDIS_CLUSTER_URLS, and the `redis` feature): the fleet syncs through it".into());
         }
         if self.audit_every == 0 {
             return Err("--audit-every must be at least 1 (1 audits every request)".into());
@@ -466,9 +467,7 @@ impl Fleet {
     #[cfg_attr(not(feature = "redis"), allow(clippy::unused_async))]
     async fn join(store: &SeenStore, guards: &[Guard]) -> Result<Self, Box<dyn std::error::Error>> {
         #[cfg(feature = "redis")]
-        if let (true, Backend::Redis(redis)) = (guards.len() > 1, store.backend())
-            && let Some(client) = redis.client()
-        {
+        if let (true, Backend::Redis(redis)) = (guards.len() > 1, store.backend()) {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -476,12 +475,7 @@ impl Fleet {
             let mut members = Vec::new();
             let mut handles = Vec::new();
             for guard in guards {
-                let member = bloomguard::redis::FleetSync::builder(
-                    guard.clone(),
-                    client.clone(),
-                    store::FLEET,
-                )
-                .build();
+                let member = redis.fleet_member(guard.clone())?.build();
                 let joining = member.clone();
                 handles.push(runtime.spawn(async move { joining.join().await }).await??);
                 members.push(member);

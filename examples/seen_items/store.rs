@@ -245,12 +245,13 @@ pub(crate) struct RedisStore {
     expires_after: Option<Duration>,
 }
 
-/// Where the writes go: one node (which fleets can use too), or a cluster.
+/// Where the writes go: one node, or a cluster (with its seed nodes, which
+/// the fleet of `--instances` connects to as well).
 #[cfg(feature = "redis")]
 #[derive(Clone)]
 enum Writes {
     Node(Box<redis::Client>, redis::aio::MultiplexedConnection),
-    Cluster(redis::cluster_async::ClusterConnection),
+    Cluster(redis::cluster_async::ClusterConnection, Vec<String>),
 }
 
 #[cfg(feature = "redis")]
@@ -258,7 +259,7 @@ impl std::fmt::Debug for Writes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::Node(..) => "Node",
-            Self::Cluster(_) => "Cluster",
+            Self::Cluster(..) => "Cluster",
         })
     }
 }
@@ -301,17 +302,23 @@ impl RedisStore {
     fn describe(&self) -> String {
         let kind = match self.writes {
             Writes::Node(..) => "Redis",
-            Writes::Cluster(_) => "Redis Cluster",
+            Writes::Cluster(..) => "Redis Cluster",
         };
         format!("{kind} at {} (keys under {PREFIX})", self.url)
     }
 
-    /// A client of the store's Redis, when it is one node (a fleet's
-    /// `--instances` sync through it).
-    pub(crate) fn client(&self) -> Option<redis::Client> {
+    /// `guard`'s membership of the fleet of `--instances`, on the store's
+    /// Redis: its node, or its cluster.
+    pub(crate) fn fleet_member(
+        &self,
+        guard: bloomguard::Guard,
+    ) -> Result<bloomguard::redis::fleet::FleetSyncBuilder, redis::RedisError> {
+        use bloomguard::redis::FleetSync;
         match &self.writes {
-            Writes::Node(client, _) => Some(redis::Client::clone(client)),
-            Writes::Cluster(_) => None,
+            Writes::Node(client, _) => {
+                Ok(FleetSync::builder(guard, client.as_ref().clone(), FLEET))
+            }
+            Writes::Cluster(_, seeds) => FleetSync::cluster_builder(guard, seeds, FLEET),
         }
     }
 
@@ -337,23 +344,25 @@ impl RedisStore {
     }
 
     /// Connects to the cluster whose seed nodes are `urls`, and deletes
-    /// what an earlier run left under [`PREFIX`] on every master.
+    /// what an earlier run left under [`PREFIX`] and of the fleet on every
+    /// master.
     pub(crate) async fn open_cluster(
         urls: &[String],
         expires_after: Option<Duration>,
     ) -> Result<Self, Box<dyn std::error::Error>> {
         let client = redis::cluster::ClusterClient::new(urls.to_vec())?;
         let mut writes = client.get_async_connection().await?;
-        let earlier = bloomguard::redis::RedisSource::cluster(client.clone(), format!("{PREFIX}*"));
-        let mut pages = earlier.scan();
-        while let Some(keys) = futures_util::StreamExt::next(&mut pages).await {
-            // UNLINK of many slots: the cluster connection splits it.
-            let _: i64 = redis::cmd("UNLINK")
-                .arg(keys?)
-                .query_async(&mut writes)
-                .await?;
+        for pattern in [format!("{PREFIX}*"), format!("{{{FLEET}}}:*")] {
+            let earlier = bloomguard::redis::RedisSource::cluster(client.clone(), pattern);
+            let mut pages = earlier.scan();
+            while let Some(keys) = futures_util::StreamExt::next(&mut pages).await {
+                // UNLINK of many slots: the cluster connection splits it.
+                let _: i64 = redis::cmd("UNLINK")
+                    .arg(keys?)
+                    .query_async(&mut writes)
+                    .await?;
+            }
         }
-        drop(pages);
         Ok(Self {
             url: urls.join(","),
             // The replay without the guard asks for 2.16 M keys a second,
@@ -364,7 +373,7 @@ impl RedisStore {
                 .timeout(Duration::from_secs(60)),
             source: bloomguard::redis::RedisSource::cluster(client, format!("{PREFIX}*"))
                 .strip_prefix(PREFIX),
-            writes: Writes::Cluster(writes),
+            writes: Writes::Cluster(writes, urls.to_vec()),
             expires_after,
         })
     }
@@ -390,14 +399,14 @@ impl RedisStore {
                 pipeline.query_async::<()>(&mut connection).await
             }
             // One MSET, which the cluster connection splits by slot.
-            Writes::Cluster(mut connection) if self.expires_after.is_none() => {
+            Writes::Cluster(mut connection, _) if self.expires_after.is_none() => {
                 let mut mset = redis::cmd("MSET");
                 for key in keys {
                     mset.arg(format!("{PREFIX}{key}")).arg(1);
                 }
                 mset.query_async::<()>(&mut connection).await
             }
-            Writes::Cluster(connection) => {
+            Writes::Cluster(connection, _) => {
                 let writes = keys.iter().map(|key| {
                     let (command, mut connection) = (set(key), connection.clone());
                     async move { command.query_async::<()>(&mut connection).await }

@@ -22,7 +22,11 @@ struct Running {
 }
 
 async fn serve(items: u64, prometheus: PrometheusHandle) -> Running {
-    let store = example::seeded_store(items);
+    serve_from(&example::StoreAt::Memory, items, prometheus).await
+}
+
+async fn serve_from(at: &example::StoreAt, items: u64, prometheus: PrometheusHandle) -> Running {
+    let store = Arc::new(example::Store::open(at, items).await.unwrap());
     let guard = example::guard_over(&store);
     guard.rebuild().await.expect("the first build");
     let app = example::app(Arc::clone(&store), guard.clone(), prometheus);
@@ -133,12 +137,110 @@ async fn ids_that_need_encoding_survive_writes_and_rebuilds() {
     let running = serve(100, prometheus).await;
     let mut client = HttpClient::connect(running.address).await;
     assert_encoded_ids_round_trip(&mut client, &running.guard).await;
+    let example::Store::Memory(items) = running.store.as_ref() else {
+        panic!("the store is in memory");
+    };
     for (_, decoded) in ENCODED_IDS {
-        assert!(
-            running.store.contains_key(decoded),
-            "the store holds {decoded:?}"
-        );
+        assert!(items.contains_key(decoded), "the store holds {decoded:?}");
     }
+}
+
+#[test]
+fn the_store_comes_from_the_environment_as_for_the_main_job() {
+    use example::StoreAt;
+    assert_eq!(StoreAt::from_env(None, None), Ok(StoreAt::Memory));
+    assert_eq!(StoreAt::from_env(None, Some(" ")), Ok(StoreAt::Memory));
+    assert_eq!(
+        StoreAt::from_env(Some("redis://127.0.0.1:6379/"), None),
+        Ok(StoreAt::Redis("redis://127.0.0.1:6379/".into()))
+    );
+    assert_eq!(
+        StoreAt::from_env(
+            None,
+            Some("redis://127.0.0.1:7000/, redis://127.0.0.1:7001/")
+        ),
+        Ok(StoreAt::RedisCluster(vec![
+            "redis://127.0.0.1:7000/".into(),
+            "redis://127.0.0.1:7001/".into()
+        ]))
+    );
+    let both = StoreAt::from_env(Some("redis://a/"), Some("redis://b/")).unwrap_err();
+    assert!(both.contains("choose one"), "{both}");
+}
+
+/// The example on Redis, as `REDIS_URL` or `REDIS_CLUSTER_URLS` runs it:
+/// items seeded into Redis, absent ids answered by the guard, a POST
+/// written to Redis (read back there by `value_in_redis`), and every id
+/// still found after a rebuild from Redis's `SCAN`.
+#[cfg(feature = "redis")]
+async fn assert_the_example_serves_from_redis<F>(at: example::StoreAt, value_in_redis: F)
+where
+    F: AsyncFn(&str) -> Option<Vec<u8>>,
+{
+    let prometheus = PrometheusBuilder::new().build_recorder().handle();
+    let running = serve_from(&at, 1_000, prometheus).await;
+    assert_eq!(running.guard.stats().last_rebuild.unwrap().keys, 1_000);
+    let mut client = HttpClient::connect(running.address).await;
+
+    let reply = client.get("/items/42").await;
+    assert_eq!((reply.status.as_u16(), reply.text()), (200, "item 42"));
+    let mut by_guard = 0;
+    for i in 0..200 {
+        let reply = client.get(&format!("/items/absent-{i}")).await;
+        assert_eq!(reply.status, 404);
+        by_guard += u64::from(answered_by_guard(&reply));
+    }
+    assert!(
+        by_guard >= 190,
+        "{by_guard} of 200 absent ids answered by the guard"
+    );
+
+    assert_eq!(client.post("/items/fresh-1", "hello").await.status, 201);
+    assert_eq!(
+        value_in_redis(&format!("{}fresh-1", example::REDIS_PREFIX)).await,
+        Some(b"hello".to_vec())
+    );
+    assert_encoded_ids_round_trip(&mut client, &running.guard).await;
+    let reply = client.get("/items/fresh-1").await;
+    assert_eq!((reply.status.as_u16(), reply.text()), (200, "hello"));
+
+    drop(client);
+    running.stop.send(()).unwrap();
+    running.server.await.unwrap().unwrap();
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_serves_from_one_redis_node() {
+    let server = crate::common::redis_server::RedisServer::start();
+    let client = server.client();
+    let value_in_redis = async |key: &str| {
+        let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+        redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut connection)
+            .await
+            .unwrap()
+    };
+    assert_the_example_serves_from_redis(example::StoreAt::Redis(server.url()), value_in_redis)
+        .await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_serves_from_a_redis_cluster() {
+    let cluster = crate::common::redis_cluster::RedisCluster::start();
+    let client = cluster.client();
+    let value_in_redis = async |key: &str| {
+        let mut connection = client.get_async_connection().await.unwrap();
+        redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut connection)
+            .await
+            .unwrap()
+    };
+    let at = example::StoreAt::RedisCluster(cluster.urls());
+    assert_the_example_serves_from_redis(at, value_in_redis).await;
 }
 
 #[test]

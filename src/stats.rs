@@ -85,6 +85,84 @@ impl<const N: usize> std::fmt::Debug for StripedCounters<N> {
     }
 }
 
+/// `N` counters with a stripe of their own for each thread that counts,
+/// added to with a plain load and store (no locked instruction: a check
+/// counts its verdict this way), summed on read.
+///
+/// A thread's stripe is its read-section record's index (`guard::sections`),
+/// which one live thread owns at a time, so no two threads write one stripe.
+/// Threads whose index is past the owned stripes (more threads counting at
+/// once than four per core), or whose locals are being torn down, share a
+/// last stripe, added to atomically.
+#[cfg(feature = "guard")]
+pub(crate) struct ThreadCounters<const N: usize> {
+    /// The owned stripes, then the shared one.
+    stripes: Box<[Stripe<N>]>,
+}
+
+#[cfg(feature = "guard")]
+impl<const N: usize> ThreadCounters<N> {
+    pub(crate) fn new() -> Self {
+        let owned = std::thread::available_parallelism()
+            .map_or(8, |n| n.get())
+            .saturating_mul(4)
+            .next_power_of_two()
+            .clamp(16, 256);
+        let stripes = (0..=owned)
+            .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))))
+            .collect();
+        Self { stripes }
+    }
+
+    /// Adds `n` to `counter` for the calling thread.
+    #[inline]
+    pub(crate) fn add(&self, counter: usize, n: u64) {
+        match crate::guard::sections::with_thread_record(|record| record.index) {
+            Some(index) => self.add_for(index, counter, n),
+            None => self.add_shared(counter, n),
+        }
+    }
+
+    /// Adds `n` to `counter` for the thread owning the record numbered `index`
+    /// (the calling thread's own).
+    #[inline]
+    pub(crate) fn add_for(&self, index: usize, counter: usize, n: u64) {
+        let shared = self.stripes.len() - 1;
+        if index < shared {
+            // Only this thread writes this stripe: a reader summing meanwhile
+            // sees the old value or the new one.
+            let count = &self.stripes[index][counter];
+            count.store(
+                count.load(Ordering::Relaxed).wrapping_add(n),
+                Ordering::Relaxed,
+            );
+        } else {
+            self.add_shared(counter, n);
+        }
+    }
+
+    fn add_shared(&self, counter: usize, n: u64) {
+        let shared = self.stripes.len() - 1;
+        self.stripes[shared][counter].fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn sum(&self, counter: usize) -> u64 {
+        self.stripes
+            .iter()
+            .map(|s| s[counter].load(Ordering::Relaxed))
+            .fold(0, u64::wrapping_add)
+    }
+}
+
+#[cfg(feature = "guard")]
+impl<const N: usize> std::fmt::Debug for ThreadCounters<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries((0..N).map(|counter| self.sum(counter)))
+            .finish()
+    }
+}
+
 /// A power of two at least the number of cores, so that threads rarely share a stripe.
 fn stripe_count() -> usize {
     static COUNT: OnceLock<usize> = OnceLock::new();

@@ -7,3 +7,123 @@ pub(crate) use loom::sync::atomic::{AtomicU64, Ordering, fence};
 pub(crate) use std::sync::atomic::fence;
 #[cfg(not(bloomguard_loom))]
 pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+
+#[cfg(bloomguard_loom)]
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr};
+#[cfg(all(not(bloomguard_loom), feature = "guard"))]
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr};
+
+#[cfg(all(not(bloomguard_loom), feature = "guard"))]
+pub(crate) use process_barrier::{
+    heavy as heavy_barrier, light as light_barrier, strategy as decide_barrier_strategy,
+};
+
+/// Asymmetric barriers for read sections (`guard::sections`): the reading
+/// side's `light` pairs with the reclaiming side's `heavy` as two `SeqCst`
+/// fences would. On Linux with `membarrier(2)`'s private expedited command
+/// (4.14+), `heavy` makes every running thread of the process execute a
+/// full barrier, so `light` is a compiler fence; elsewhere both are fences.
+/// Kept here: the `membarrier` crate links Windows libraries on Linux.
+#[cfg(all(not(bloomguard_loom), feature = "guard"))]
+mod process_barrier {
+    use std::sync::atomic::{AtomicU8, Ordering, compiler_fence, fence};
+
+    const UNDECIDED: u8 = 0;
+    const MEMBARRIER: u8 = 1;
+    const FENCES: u8 = 2;
+
+    static STRATEGY: AtomicU8 = AtomicU8::new(UNDECIDED);
+
+    #[inline]
+    pub(crate) fn light() {
+        if STRATEGY.load(Ordering::Relaxed) == MEMBARRIER {
+            compiler_fence(Ordering::SeqCst);
+        } else {
+            fence(Ordering::SeqCst);
+        }
+    }
+
+    pub(crate) fn heavy() {
+        if strategy() == MEMBARRIER {
+            membarrier::private_expedited();
+        } else {
+            fence(Ordering::SeqCst);
+        }
+    }
+
+    /// Decides once whether `membarrier` serves (registering the process
+    /// for it); until then `light` is a full fence, which pairs with either.
+    pub(crate) fn strategy() -> u8 {
+        match STRATEGY.load(Ordering::Relaxed) {
+            UNDECIDED => {
+                let decided = if membarrier::register() {
+                    MEMBARRIER
+                } else {
+                    FENCES
+                };
+                STRATEGY.store(decided, Ordering::Relaxed);
+                decided
+            }
+            decided => decided,
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    mod membarrier {
+        // From linux/include/uapi/linux/membarrier.h.
+        const QUERY: libc::c_int = 0;
+        const PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
+        const REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
+
+        fn membarrier(command: libc::c_int) -> libc::c_long {
+            // SAFETY: membarrier(2) takes a command and flags (0), touches no
+            // memory of ours, and reports failure in its return value.
+            unsafe { libc::syscall(libc::SYS_membarrier, command, 0 as libc::c_int) }
+        }
+
+        pub(super) fn register() -> bool {
+            let supported = membarrier(QUERY);
+            let needed = libc::c_long::from(PRIVATE_EXPEDITED | REGISTER_PRIVATE_EXPEDITED);
+            supported >= 0
+                && supported & needed == needed
+                && membarrier(REGISTER_PRIVATE_EXPEDITED) == 0
+        }
+
+        pub(super) fn private_expedited() {
+            // Registered before `strategy` chose it; the command cannot fail then.
+            let done = membarrier(PRIVATE_EXPEDITED);
+            assert!(
+                done == 0,
+                "membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) failed"
+            );
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    mod membarrier {
+        pub(super) fn register() -> bool {
+            false
+        }
+
+        pub(super) fn private_expedited() {
+            unreachable!("never chosen without Linux");
+        }
+    }
+}
+
+/// Under loom both sides are `SeqCst` fences: the pairing `membarrier`
+/// gives, which loom can check.
+#[cfg(bloomguard_loom)]
+pub(crate) fn light_barrier() {
+    fence(Ordering::SeqCst);
+}
+
+#[cfg(bloomguard_loom)]
+pub(crate) fn heavy_barrier() {
+    fence(Ordering::SeqCst);
+}
+
+#[cfg(bloomguard_loom)]
+pub(crate) use loom::thread::yield_now;
+#[cfg(all(not(bloomguard_loom), feature = "guard"))]
+pub(crate) use std::thread::yield_now;

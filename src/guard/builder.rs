@@ -15,7 +15,7 @@ use super::stats::History;
 use super::{Guard, Inner};
 use crate::error::ConfigError;
 use crate::filter::{FilterBuilder, check_false_positive_rate};
-use crate::stats::StripedCounters;
+use crate::stats::ThreadCounters;
 
 /// Options for a [`Guard`]. Every option has a default (the name's is
 /// `"default"`); name each guard of a process so that its logs and metrics
@@ -197,7 +197,7 @@ impl GuardBuilder {
                 filters,
                 live: LiveState::new(live),
                 rebuild_lock: tokio::sync::Mutex::new(()),
-                counters: StripedCounters::new(),
+                counters: ThreadCounters::new(),
                 history: Mutex::new(History::default()),
                 stale: AtomicBool::new(false),
                 wake: Arc::new(Notify::new()),

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
+use super::sections::{self, Published, Record};
 use super::writes::WriteTracker;
 use crate::error::{FilterParameter, IncompatibleFilters};
 use crate::filter::AtomicBloom;
@@ -29,7 +30,11 @@ pub(crate) type LoadedSet = arc_swap::Guard<Arc<LiveSet>>;
 /// the next rebuild waits until all of them are quiet ([`Self::writes_quiet`])
 /// before it reads its source (see `writes.rs` for why).
 pub(crate) struct LiveState {
+    /// The set for inserts and for whatever holds on to a set.
     set: ArcSwap<LiveSet>,
+    /// The same set for checks, read inside a read section (no locked
+    /// instruction per check; see `sections.rs`).
+    checked: Published<LiveSet>,
     /// Serialises every store of `set`; guards no data of its own, so a
     /// panic elsewhere cannot leave anything half-changed behind it.
     swap_lock: Mutex<()>,
@@ -42,8 +47,10 @@ pub(crate) struct LiveState {
 
 impl LiveState {
     pub(crate) fn new(set: LiveSet) -> Self {
+        let set = Arc::new(set);
         Self {
-            set: ArcSwap::from_pointee(set),
+            checked: Published::new(Arc::clone(&set), sections::registry()),
+            set: ArcSwap::new(set),
             swap_lock: Mutex::new(()),
             writes: WriteTracker::new(),
             earlier_writes: Mutex::new(Vec::new()),
@@ -54,6 +61,27 @@ impl LiveState {
     #[inline]
     pub(crate) fn load(&self) -> LoadedSet {
         self.set.load()
+    }
+
+    /// Runs `f` on the set now, inside `record`'s read section: for checks.
+    #[inline]
+    pub(crate) fn read<R>(&self, record: &Record, f: impl FnOnce(&LiveSet) -> R) -> R {
+        self.checked.read(record, f)
+    }
+
+    /// Frees the replaced sets no check can still be reading, waiting up to
+    /// `wait` for the checks running now.
+    pub(crate) fn reclaim(&self, wait: Option<std::time::Duration>) {
+        self.checked.reclaim(wait);
+    }
+
+    /// Makes `next` the set, for checks first: an insert that loads the new
+    /// set happens after it, so a check after that insert reads the new set
+    /// too. Callers hold the swap lock.
+    fn publish(&self, next: Arc<LiveSet>) {
+        self.checked.replace(Arc::clone(&next));
+        self.set.store(next);
+        self.checked.reclaim(Some(sections::GRACE_WAIT));
     }
 
     /// The set now, to hold on to.
@@ -89,7 +117,7 @@ impl LiveState {
     pub(crate) fn install_shadow(&self, shadow: Arc<Shadow>) {
         let _swap = lock(&self.swap_lock);
         let set = self.set.load();
-        self.set.store(Arc::new(set.with_shadow(Some(shadow))));
+        self.publish(Arc::new(set.with_shadow(Some(shadow))));
     }
 
     /// Makes the shadow the only live filter and ends warming. Refused
@@ -107,7 +135,7 @@ impl LiveState {
             let set = self.set.load();
             let mut rebuilt = set.serving(vec![Arc::clone(&shadow.generation)]);
             rebuilt.shadow = None;
-            self.set.store(Arc::new(rebuilt));
+            self.publish(Arc::new(rebuilt));
         }
         // Writes that counted on the shadow while it was built are in the
         // live filter now, but not in the next rebuild's.
@@ -121,7 +149,7 @@ impl LiveState {
             let _swap = lock(&self.swap_lock);
             let set = self.set.load();
             if set.shadow.as_ref().is_some_and(|s| Arc::ptr_eq(s, shadow)) {
-                self.set.store(Arc::new(set.with_shadow(None)));
+                self.publish(Arc::new(set.with_shadow(None)));
             }
         }
         // Writes that counted on the shadow are only in the live filters
@@ -148,7 +176,7 @@ impl LiveState {
         let keep_from = (set.generations.len() + 1).saturating_sub(keep);
         let mut kept = set.generations[keep_from..].to_vec();
         kept.push(Arc::new(fresh));
-        self.set.store(Arc::new(set.replaced(kept)));
+        self.publish(Arc::new(set.replaced(kept)));
     }
 
     /// Adds the generation `open` makes after `full`, unless another insert
@@ -169,7 +197,7 @@ impl LiveState {
         if let Some(next) = open() {
             let mut generations = set.generations.clone();
             generations.push(Arc::new(next));
-            self.set.store(Arc::new(set.replaced(generations)));
+            self.publish(Arc::new(set.replaced(generations)));
         }
     }
 
@@ -206,8 +234,7 @@ impl LiveState {
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
         if set.newest().is_none() {
-            self.set
-                .store(Arc::new(set.replaced(vec![Arc::new(first(filter))])));
+            self.publish(Arc::new(set.replaced(vec![Arc::new(first(filter))])));
         }
         Ok(())
     }
@@ -219,7 +246,7 @@ impl LiveState {
         let _swap = lock(&self.swap_lock);
         let set = self.set.load();
         if set.fenced != fenced {
-            self.set.store(Arc::new(LiveSet {
+            self.publish(Arc::new(LiveSet {
                 fenced,
                 ..set.with_shadow(set.shadow.clone())
             }));
@@ -239,7 +266,7 @@ impl LiveState {
         let mut next = set.replaced(generations);
         next.fenced = true;
         next.warming &= !covers_the_store;
-        self.set.store(Arc::new(next));
+        self.publish(Arc::new(next));
     }
 }
 

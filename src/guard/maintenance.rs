@@ -338,6 +338,8 @@ impl Task {
             }
             #[cfg(feature = "metrics")]
             guard.publish_metrics();
+            // Sets replaced while a check was preempted mid-read wait here.
+            guard.inner.live.reclaim(Some(super::sections::GRACE_WAIT));
 
             let next_tick = Instant::now() + self.interval;
             let wake_at = guard

@@ -37,6 +37,7 @@ mod maintenance;
 mod policy;
 mod reader;
 mod rebuild;
+pub(crate) mod sections;
 #[cfg(feature = "redis")]
 pub(crate) mod snapshot;
 pub mod source;
@@ -54,7 +55,7 @@ use tokio::sync::Notify;
 
 use crate::error::{ConfigError, IncompatibleFilters, StillWarming};
 use crate::filter::{AtomicBloom, FilterBuilder, hash_key};
-use crate::stats::StripedCounters;
+use crate::stats::ThreadCounters;
 pub use builder::GuardBuilder;
 use insert_clock::InsertClock;
 use live::{Generation, LiveSet, LiveState};
@@ -135,7 +136,7 @@ struct Inner {
     live: LiveState,
     /// One rebuild at a time.
     rebuild_lock: tokio::sync::Mutex<()>,
-    counters: StripedCounters<{ Counter::COUNT }>,
+    counters: ThreadCounters<{ Counter::COUNT }>,
     history: Mutex<History>,
     /// Set by the staleness check: the filter missed writes.
     stale: AtomicBool,
@@ -168,16 +169,33 @@ impl Guard {
         GuardBuilder::default()
     }
 
-    /// Whether `key` may be in the store. One `ArcSwap` load plus the
-    /// filter probes; no lock, and no allocation unless the staleness check
-    /// samples this answer. For hot loops, a [`GuardReader`] saves the
-    /// load's protection protocol, and [`check_many`](Self::check_many) pays
-    /// it once for many keys.
+    /// Whether `key` may be in the store: the filter probes inside a read
+    /// section (two plain stores to the thread's own cache line; see
+    /// `sections.rs`), and the verdict counted in the thread's own stripe.
+    /// No lock, no locked instruction, no fence, and no allocation unless
+    /// the staleness check samples this answer. A swap of the live filters
+    /// that happened before the call is seen by it.
     #[inline]
     pub fn check(&self, key: impl AsRef<[u8]>) -> Verdict {
         let key = key.as_ref();
-        let verdict = self.verdict_in(&self.inner.live.load(), key);
-        self.count_check(verdict, key);
+        let verdict = sections::with_thread_record(|record| {
+            let verdict = self
+                .inner
+                .live
+                .read(record, |live| self.verdict_in(live, key));
+            self.inner
+                .counters
+                .add_for(record.index, Counter::for_verdict(verdict), 1);
+            verdict
+        })
+        .unwrap_or_else(|| {
+            let verdict = self.verdict_in(&self.inner.live.load(), key);
+            self.count_checks(verdict, 1);
+            verdict
+        });
+        if verdict == Verdict::Absent {
+            self.sample_absent(key);
+        }
         verdict
     }
 
@@ -200,50 +218,95 @@ impl Guard {
     /// # Panics
     /// If `out` is shorter than `keys`.
     pub fn check_many<K: AsRef<[u8]>>(&self, keys: &[K], out: &mut [Verdict]) {
-        self.check_many_in(&self.inner.live.load(), keys, out);
+        assert_room_for(keys, out);
+        for (keys, out) in keys.chunks(CHECK_GROUP).zip(out.chunks_mut(CHECK_GROUP)) {
+            let out = &mut out[..keys.len()];
+            let counted = sections::with_thread_record(|record| {
+                self.inner
+                    .live
+                    .read(record, |live| self.group_verdicts_in(live, keys, out));
+                self.count_verdicts(Some(record.index), out);
+            });
+            if counted.is_none() {
+                self.group_verdicts_in(&self.inner.live.load(), keys, out);
+                self.count_verdicts(None, out);
+            }
+            self.sample_absents(keys, out);
+        }
     }
 
+    /// [`check_many`](Self::check_many) in a set the caller has loaded.
     pub(crate) fn check_many_in<K: AsRef<[u8]>>(
         &self,
         live: &LiveSet,
         keys: &[K],
         out: &mut [Verdict],
     ) {
-        assert!(
-            out.len() >= keys.len(),
-            "check_many: {} verdicts for {} keys",
-            out.len(),
-            keys.len()
-        );
-        const GROUP: usize = 64;
-        let mut hashes = [0u64; GROUP];
-        let mut present = [false; GROUP];
-        let mut in_generation = [false; GROUP];
-        for (keys, out) in keys.chunks(GROUP).zip(out.chunks_mut(GROUP)) {
-            let n = keys.len();
-            if live.warming || live.generations.is_empty() {
-                out[..n].fill(Verdict::Warming);
-            } else if live.fenced {
-                out[..n].fill(Verdict::MaybePresent);
-            } else {
-                for (hash, key) in hashes.iter_mut().zip(keys) {
-                    *hash = hash_key(key.as_ref(), self.inner.seed);
-                }
-                present[..n].fill(false);
-                for generation in live.generations.iter().rev() {
-                    generation
-                        .filter
-                        .contains_many_hashed(&hashes[..n], &mut in_generation[..n]);
-                    for (any, this) in present.iter_mut().zip(&in_generation[..n]) {
-                        *any |= *this;
-                    }
-                }
-                for (verdict, &maybe) in out.iter_mut().zip(&present[..n]) {
-                    *verdict = present_if(maybe);
-                }
+        assert_room_for(keys, out);
+        for (keys, out) in keys.chunks(CHECK_GROUP).zip(out.chunks_mut(CHECK_GROUP)) {
+            let out = &mut out[..keys.len()];
+            self.group_verdicts_in(live, keys, out);
+            self.count_verdicts(None, out);
+            self.sample_absents(keys, out);
+        }
+    }
+
+    /// The verdicts for up to [`CHECK_GROUP`] keys in `live`: hashed
+    /// first, then each generation probed for all of them (its memory
+    /// accesses overlapped), neither counted nor sampled.
+    fn group_verdicts_in<K: AsRef<[u8]>>(&self, live: &LiveSet, keys: &[K], out: &mut [Verdict]) {
+        let n = keys.len();
+        if live.warming || live.generations.is_empty() {
+            out.fill(Verdict::Warming);
+            return;
+        }
+        if live.fenced {
+            out.fill(Verdict::MaybePresent);
+            return;
+        }
+        let mut hashes = [0u64; CHECK_GROUP];
+        let mut present = [false; CHECK_GROUP];
+        let mut in_generation = [false; CHECK_GROUP];
+        for (hash, key) in hashes.iter_mut().zip(keys) {
+            *hash = hash_key(key.as_ref(), self.inner.seed);
+        }
+        for generation in live.generations.iter().rev() {
+            generation
+                .filter
+                .contains_many_hashed(&hashes[..n], &mut in_generation[..n]);
+            for (any, this) in present.iter_mut().zip(&in_generation[..n]) {
+                *any |= *this;
             }
-            for (verdict, key) in out.iter().zip(keys) {
-                self.count_check(*verdict, key.as_ref());
+        }
+        for (verdict, &maybe) in out.iter_mut().zip(&present[..n]) {
+            *verdict = present_if(maybe);
+        }
+    }
+
+    /// Counts `verdicts`, one addition per verdict kind, in the stripe of
+    /// the thread whose record index is `owner` (the caller's), or looked up.
+    #[inline]
+    fn count_verdicts(&self, owner: Option<usize>, verdicts: &[Verdict]) {
+        let mut tally = [0u64; 3];
+        for &verdict in verdicts {
+            tally[Counter::for_verdict(verdict)] += 1;
+        }
+        for (counter, checks) in tally.into_iter().enumerate() {
+            match (owner, checks) {
+                (_, 0) => {}
+                (Some(owner), _) => self.inner.counters.add_for(owner, counter, checks),
+                (None, _) => self.inner.counters.add(counter, checks),
+            }
+        }
+    }
+
+    fn sample_absents<K: AsRef<[u8]>>(&self, keys: &[K], verdicts: &[Verdict]) {
+        if self.inner.staleness.is_none() {
+            return;
+        }
+        for (key, &verdict) in keys.iter().zip(verdicts) {
+            if verdict == Verdict::Absent {
+                self.sample_absent(key.as_ref());
             }
         }
     }
@@ -270,15 +333,6 @@ impl Guard {
                         .any(|g| g.filter.contains_hashed(hash)),
                 )
             }
-        }
-    }
-
-    /// Counts a check's verdict, and samples an `Absent` one for the staleness check.
-    #[inline]
-    fn count_check(&self, verdict: Verdict, key: &[u8]) {
-        self.count_checks(verdict, 1);
-        if verdict == Verdict::Absent {
-            self.sample_absent(key);
         }
     }
 
@@ -736,6 +790,21 @@ impl fmt::Debug for LiveFilters {
             .field("filters", &self.live.generations.len())
             .finish()
     }
+}
+
+/// Keys [`Guard::check_many`] hashes and probes together: enough to
+/// overlap their cache misses, few enough to stay on the stack.
+const CHECK_GROUP: usize = 64;
+
+/// # Panics
+/// If `out` is shorter than `keys`.
+fn assert_room_for<K>(keys: &[K], out: &[Verdict]) {
+    assert!(
+        out.len() >= keys.len(),
+        "check_many: {} verdicts for {} keys",
+        out.len(),
+        keys.len()
+    );
 }
 
 fn present_if(maybe: bool) -> Verdict {

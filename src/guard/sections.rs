@@ -1,0 +1,467 @@
+//! Read sections: how a check reads the live set with no locked instruction
+//! and no `SeqCst` fence, and how a replaced set is freed once no check can
+//! still be reading it (read-copy-update, with asymmetric barriers).
+//!
+//! Each thread that checks owns a [`Record`] (claimed on its first check,
+//! given back when it exits). A check opens a [`Section`] on it: two plain
+//! stores to the thread's own cache line, around a plain load of the set's
+//! pointer ([`Published::read`]). The price moves to the rare side: after a
+//! swap, [`Published::reclaim`] issues one process-wide barrier
+//! (`membarrier(2)` on Linux, through the `membarrier` crate) and waits for
+//! the sections open at that moment to end, then drops the sets it replaced.
+//!
+//! Memory: a thread holds nothing between checks, so an idle thread keeps
+//! no replaced set alive. A replaced set lives until the sections that were
+//! open when it was replaced have ended; the swap waits up to
+//! [`GRACE_WAIT`] for them (a check takes nanoseconds), and a section held
+//! longer (its thread preempted mid-check) defers the drop to the next
+//! swap or maintenance tick, never longer than that section.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Ordering, heavy_barrier, light_barrier};
+
+/// How long a swap waits for the sections open at the swap to end before it
+/// leaves the replaced sets to the next reclaim.
+pub(crate) const GRACE_WAIT: Duration = Duration::from_millis(1);
+
+/// One thread's read-section state, on a cache line of its own.
+#[repr(align(128))]
+pub(crate) struct Record {
+    /// Odd while the owner is inside a section. Only the owner writes it.
+    sequence: AtomicU64,
+    /// Taken by a live thread (claimed with a CAS, given back at its exit).
+    claimed: AtomicBool,
+    /// Dense from 0, and owned by one live thread at a time: the index of
+    /// the thread's own counter stripe (see `stats::OwnedCounters`).
+    pub(crate) index: usize,
+    next: AtomicPtr<Record>,
+}
+
+impl Record {
+    /// Opens a read section: until it drops, nothing this thread reads
+    /// through [`Published::read`] is freed.
+    #[inline]
+    pub(crate) fn enter(&self) -> Section<'_> {
+        let sequence = self.sequence.load(Ordering::Relaxed);
+        debug_assert!(sequence.is_multiple_of(2), "read sections do not nest");
+        self.sequence.store(sequence + 1, Ordering::Relaxed);
+        // Orders the store above before the set's load, paired with the
+        // reclaimer's heavy barrier (a compiler fence where membarrier works).
+        light_barrier();
+        Section {
+            record: self,
+            closed_at: sequence + 2,
+        }
+    }
+}
+
+/// An open read section; closes on drop.
+pub(crate) struct Section<'a> {
+    record: &'a Record,
+    closed_at: u64,
+}
+
+impl Drop for Section<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        // Release: the section's reads happen before a reclaimer that sees
+        // the new value drops anything.
+        self.record
+            .sequence
+            .store(self.closed_at, Ordering::Release);
+    }
+}
+
+/// Every record ever made: a list that only grows, as long as the most
+/// threads that ever checked at once (records are reused after their
+/// thread exits).
+pub(crate) struct Registry {
+    head: AtomicPtr<Record>,
+    count: AtomicU64,
+}
+
+impl Registry {
+    #[cfg(not(bloomguard_loom))]
+    const fn new() -> Self {
+        Self {
+            head: AtomicPtr::new(std::ptr::null_mut()),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    #[cfg(bloomguard_loom)]
+    pub(crate) fn new() -> Self {
+        Self {
+            head: AtomicPtr::new(std::ptr::null_mut()),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    fn records(&self) -> impl Iterator<Item = &Record> {
+        let mut next = self.head.load(Ordering::Acquire);
+        std::iter::from_fn(move || {
+            // SAFETY: records are leaked, never freed, and published with a
+            // release CAS after `next` was written.
+            let record = unsafe { next.as_ref()? };
+            next = record.next.load(Ordering::Acquire);
+            Some(record)
+        })
+    }
+
+    /// A record for the calling thread: a released one, or a new one.
+    pub(crate) fn claim(&self) -> &Record {
+        for record in self.records() {
+            if !record.claimed.load(Ordering::Relaxed)
+                && record
+                    .claimed
+                    .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return record;
+            }
+        }
+        #[cfg(not(bloomguard_loom))]
+        crate::sync::decide_barrier_strategy();
+        let record: &Record = Box::leak(Box::new(Record {
+            sequence: AtomicU64::new(0),
+            claimed: AtomicBool::new(true),
+            index: self.count.fetch_add(1, Ordering::Relaxed) as usize,
+            next: AtomicPtr::new(std::ptr::null_mut()),
+        }));
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            record.next.store(head, Ordering::Relaxed);
+            let new_head = std::ptr::from_ref(record).cast_mut();
+            match self
+                .head
+                .compare_exchange(head, new_head, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return record,
+                Err(current) => head = current,
+            }
+        }
+    }
+
+    /// Gives `record` back for another thread to claim (its sections are closed).
+    pub(crate) fn release(record: &Record) {
+        record.claimed.store(false, Ordering::Release);
+    }
+
+    /// Waits until every section open now has ended, for up to `wait`
+    /// (`None`: for as long as it takes). `true` once they all have.
+    pub(crate) fn wait_for_open_sections(&self, wait: Option<Duration>) -> bool {
+        // After this, a section that loaded a replaced pointer has made its
+        // opening store visible here (and one opened later loads the new one).
+        heavy_barrier();
+        let open: Vec<(&Record, u64)> = self
+            .records()
+            .filter_map(|record| {
+                let sequence = record.sequence.load(Ordering::Acquire);
+                (!sequence.is_multiple_of(2)).then_some((record, sequence))
+            })
+            .collect();
+        let deadline = wait.map(|wait| Instant::now() + wait);
+        for (record, opened) in open {
+            let mut spins = 0u32;
+            while record.sequence.load(Ordering::Acquire) == opened {
+                if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                    return false;
+                }
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    crate::sync::yield_now();
+                }
+            }
+        }
+        true
+    }
+}
+
+/// The process's records.
+#[cfg(not(bloomguard_loom))]
+static REGISTRY: Registry = Registry::new();
+
+/// The calling thread's record, claimed on first use and released when the
+/// thread exits.
+#[cfg(not(bloomguard_loom))]
+struct ThreadRecord(&'static Record);
+
+#[cfg(not(bloomguard_loom))]
+impl Drop for ThreadRecord {
+    fn drop(&mut self) {
+        Registry::release(self.0);
+    }
+}
+
+/// Runs `f` with the calling thread's record; `None` while the thread's
+/// locals are being torn down (the caller then reads the slow way).
+#[cfg(not(bloomguard_loom))]
+#[inline]
+pub(crate) fn with_thread_record<R>(f: impl FnOnce(&'static Record) -> R) -> Option<R> {
+    thread_local! {
+        static RECORD: ThreadRecord = ThreadRecord(REGISTRY.claim());
+    }
+    RECORD.try_with(|record| f(record.0)).ok()
+}
+
+/// The process's registry, which every guard's sets are read under.
+#[cfg(not(bloomguard_loom))]
+pub(crate) fn registry() -> &'static Registry {
+    &REGISTRY
+}
+
+/// Under loom a model makes its own registries; the guard's checks read
+/// the slow way (through `ArcSwap`), as with no thread record.
+#[cfg(bloomguard_loom)]
+pub(crate) fn registry() -> &'static Registry {
+    Box::leak(Box::new(Registry::new()))
+}
+
+#[cfg(bloomguard_loom)]
+#[inline]
+pub(crate) fn with_thread_record<R>(_: impl FnOnce(&'static Record) -> R) -> Option<R> {
+    None
+}
+
+/// A value readers reach through a plain pointer load inside a section,
+/// replaced under the owner's lock and freed after a grace period.
+pub(crate) struct Published<T> {
+    registry: &'static Registry,
+    current: AtomicPtr<T>,
+    /// Owns the current value and every replaced one not yet freed.
+    owned: Mutex<Owned<T>>,
+}
+
+struct Owned<T> {
+    current: Arc<T>,
+    retired: Vec<Arc<T>>,
+}
+
+impl<T> Published<T> {
+    pub(crate) fn new(value: Arc<T>, registry: &'static Registry) -> Self {
+        Self {
+            registry,
+            current: AtomicPtr::new(Arc::as_ptr(&value).cast_mut()),
+            owned: Mutex::new(Owned {
+                current: value,
+                retired: Vec::new(),
+            }),
+        }
+    }
+
+    /// Runs `f` on the value, inside `record`'s section.
+    #[inline]
+    pub(crate) fn read<R>(&self, record: &Record, f: impl FnOnce(&T) -> R) -> R {
+        let _section = record.enter();
+        // SAFETY: the pointee is owned by `owned` (as current or retired)
+        // until a reclaim has seen this section closed; the section is open
+        // until `f` returns. Acquire pairs with `replace`'s release store,
+        // so the value's contents are visible.
+        let value = unsafe { &*self.current.load(Ordering::Acquire) };
+        f(value)
+    }
+
+    /// Makes `value` the one new sections read; the value it replaces is
+    /// kept until a [`reclaim`](Self::reclaim) sees no section reading it.
+    pub(crate) fn replace(&self, value: Arc<T>) {
+        let mut owned = lock(&self.owned);
+        self.current
+            .store(Arc::as_ptr(&value).cast_mut(), Ordering::Release);
+        let replaced = std::mem::replace(&mut owned.current, value);
+        owned.retired.push(replaced);
+    }
+
+    /// Frees the replaced values no section can still read, waiting up to
+    /// `wait` (`None`: as long as it takes) for the sections open now.
+    pub(crate) fn reclaim(&self, wait: Option<Duration>) {
+        let mut owned = lock(&self.owned);
+        // Every retired value was unpublished before the barrier this
+        // waits behind, so once the sections open at it have ended, none
+        // can be reading them.
+        if !owned.retired.is_empty() && self.registry.wait_for_open_sections(wait) {
+            owned.retired.clear();
+        }
+    }
+
+    /// Replaced values not freed yet.
+    #[cfg(all(test, not(bloomguard_loom)))]
+    pub(crate) fn retired(&self) -> usize {
+        lock(&self.owned).retired.len()
+    }
+}
+
+/// Owned values stay consistent whatever a panicking holder did.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(all(test, not(bloomguard_loom)))]
+mod tests {
+    use std::sync::Barrier;
+    use std::sync::atomic::AtomicBool as StdAtomicBool;
+
+    use super::*;
+
+    /// A value that says when it was dropped.
+    struct Watched<'a>(&'a StdAtomicBool);
+
+    impl Drop for Watched<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    fn read_on_this_thread<T, R>(published: &Published<T>, f: impl FnOnce(&T) -> R) -> R {
+        with_thread_record(|record| published.read(record, f)).expect("a thread record")
+    }
+
+    #[test]
+    fn a_replaced_value_lives_while_a_section_reads_it_and_is_freed_after() {
+        let (first_dropped, second_dropped) =
+            (StdAtomicBool::new(false), StdAtomicBool::new(false));
+        let published = Published::new(Arc::new(Watched(&first_dropped)), registry());
+        let (inside, replaced) = (Barrier::new(2), Barrier::new(2));
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                read_on_this_thread(&published, |value| {
+                    inside.wait();
+                    replaced.wait();
+                    // Still open: the reclaim below could not free it.
+                    assert!(!value.0.load(std::sync::atomic::Ordering::SeqCst));
+                });
+            });
+            inside.wait();
+            published.replace(Arc::new(Watched(&second_dropped)));
+            published.reclaim(Some(Duration::from_millis(20)));
+            assert_eq!(published.retired(), 1, "kept for the open section");
+            assert!(!first_dropped.load(std::sync::atomic::Ordering::SeqCst));
+            replaced.wait();
+        });
+        published.reclaim(None);
+        assert_eq!(published.retired(), 0);
+        assert!(first_dropped.load(std::sync::atomic::Ordering::SeqCst));
+        assert!(!second_dropped.load(std::sync::atomic::Ordering::SeqCst));
+        // The next section reads the new value.
+        read_on_this_thread(&published, |value| {
+            assert!(std::ptr::eq(value.0, &second_dropped))
+        });
+    }
+
+    #[test]
+    fn with_no_section_open_a_replaced_value_is_freed_at_once() {
+        let (dropped, unwatched) = (StdAtomicBool::new(false), StdAtomicBool::new(false));
+        let published = Published::new(Arc::new(Watched(&dropped)), registry());
+        published.replace(Arc::new(Watched(&unwatched)));
+        published.reclaim(Some(GRACE_WAIT));
+        // Other tests' checks may hold a section open for a moment: wait them out.
+        published.reclaim(None);
+        assert!(dropped.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    #[test]
+    fn a_thread_that_exits_gives_its_record_back() {
+        let index = std::thread::spawn(|| with_thread_record(|record| record.index).unwrap())
+            .join()
+            .unwrap();
+        let record = registry()
+            .records()
+            .find(|record| record.index == index)
+            .unwrap();
+        assert_eq!(
+            record.sequence.load(Ordering::Relaxed) % 2,
+            0,
+            "no section left open"
+        );
+        // Released at the thread's exit, unless another thread took it since.
+        let claimed_again = record.claimed.load(Ordering::Relaxed);
+        let records = registry().records().count();
+        assert!(!claimed_again || records > 1);
+    }
+}
+
+/// The read-section protocol under every interleaving loom explores
+/// (`RUSTFLAGS="--cfg bloomguard_loom" cargo test --release --lib`). Both
+/// barriers are `SeqCst` fences here, the pairing `membarrier` provides; a
+/// dropped value is written to, so that a read racing its drop fails.
+#[cfg(all(test, bloomguard_loom))]
+mod loom_tests {
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc as LoomArc;
+
+    use super::*;
+
+    struct Value(UnsafeCell<u64>);
+
+    impl Value {
+        fn get(&self) -> u64 {
+            // SAFETY: written only by `drop`, which loom orders against this.
+            self.0.with(|value| unsafe { *value })
+        }
+    }
+
+    impl Drop for Value {
+        fn drop(&mut self) {
+            self.0.with_mut(|value| unsafe { *value = 0 });
+        }
+    }
+
+    #[test]
+    fn no_section_reads_a_value_after_its_reclaim_dropped_it() {
+        loom::model(|| {
+            let registry: &'static Registry = Box::leak(Box::new(Registry::new()));
+            let published = LoomArc::new(Published::new(
+                Arc::new(Value(UnsafeCell::new(1))),
+                registry,
+            ));
+            let reader = {
+                let published = LoomArc::clone(&published);
+                loom::thread::spawn(move || {
+                    let record = registry.claim();
+                    let seen = published.read(record, Value::get);
+                    Registry::release(record);
+                    seen
+                })
+            };
+            published.replace(Arc::new(Value(UnsafeCell::new(2))));
+            published.reclaim(None);
+            let seen = reader.join().unwrap();
+            assert!(seen == 1 || seen == 2, "read {seen}");
+        });
+    }
+
+    /// A check that starts after a swap returned reads the new value.
+    #[test]
+    fn a_section_after_a_replace_reads_the_new_value() {
+        loom::model(|| {
+            let registry: &'static Registry = Box::leak(Box::new(Registry::new()));
+            let published = LoomArc::new(Published::new(
+                Arc::new(Value(UnsafeCell::new(1))),
+                registry,
+            ));
+            let replaced = LoomArc::new(crate::sync::AtomicBool::new(false));
+            let reader = {
+                let (published, replaced) = (LoomArc::clone(&published), LoomArc::clone(&replaced));
+                loom::thread::spawn(move || {
+                    let record = registry.claim();
+                    let after = replaced.load(Ordering::Acquire);
+                    let seen = published.read(record, Value::get);
+                    Registry::release(record);
+                    assert!(
+                        !after || seen == 2,
+                        "a section after the replace read {seen}"
+                    );
+                })
+            };
+            published.replace(Arc::new(Value(UnsafeCell::new(2))));
+            replaced.store(true, Ordering::Release);
+            published.reclaim(None);
+            reader.join().unwrap();
+        });
+    }
+}

@@ -1,8 +1,12 @@
 //! What `GuardService` adds to a request: the layer over a no-op inner
-//! service against the bare inner service, for absent and maybe-present keys.
+//! service against the bare inner service, for absent and maybe-present keys;
+//! and the absent paths users call — the layer on a fresh service clone per
+//! call (as axum's router makes one), `GuardedLoader::get` — against the raw
+//! filter's `contains` on the same filter (issue #16: at least 0.9× its rate).
 //!
 //! ```text
-//! cargo bench --bench layer
+//! cargo bench --bench layer                                # 100,000 keys
+//! BLOOMGUARD_BENCH_SIZES=1M,32M cargo bench --bench layer  # past the cache too
 //! ```
 //!
 //! Futures are polled by hand with a no-op waker (every one is ready at
@@ -18,8 +22,8 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bloomguard::{Guard, GuardLayer};
-use common::KeySet;
+use bloomguard::{Guard, GuardLayer, GuardedLoader};
+use common::{KeySet, bench_sizes, label};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use tower::{Layer, Service, service_fn};
 
@@ -52,6 +56,18 @@ fn bench_calls<S>(
 ) where
     S: Service<&'static [u8], Response = Option<u32>, Error = Infallible>,
 {
+    bench_keys(group, id, keys, |key| {
+        poll_ready_now(service.call(key)).unwrap().is_some()
+    });
+}
+
+/// Times `call` on 64 keys per iteration, walking through `keys`.
+fn bench_keys(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    id: &str,
+    keys: &[&'static [u8]],
+    mut call: impl FnMut(&'static [u8]) -> bool,
+) {
     let mut next = 0;
     group.bench_function(id, |b| {
         b.iter_custom(|iters| {
@@ -61,8 +77,7 @@ fn bench_calls<S>(
                     next = 0;
                 }
                 for key in &keys[next..next + CHUNK] {
-                    let response = poll_ready_now(service.call(black_box(key)));
-                    black_box(response.unwrap());
+                    black_box(call(black_box(key)));
                 }
                 next += CHUNK;
             }
@@ -99,38 +114,53 @@ fn leak(keys: &KeySet) -> Vec<&'static [u8]> {
 
 fn main() {
     let mut criterion = Criterion::default().configure_from_args();
-    let present = leak(&KeySet::generate("user", KEYS, 1));
-    let absent = leak(&KeySet::generate("absent", KEYS, 2));
-    let guard = Guard::builder()
-        .expected_items(KEYS as u64)
-        .false_positive_rate(0.01)
-        .build()
-        .unwrap();
-    for key in &present {
-        guard.insert(key);
-    }
-    let layer = GuardLayer::for_loader(guard);
+    for n in bench_sizes(&KEYS.to_string()) {
+        let present = leak(&KeySet::generate("user", n, 1));
+        let absent = leak(&KeySet::generate("absent", n.clamp(KEYS, 4_000_000), 2));
+        let guard = Guard::builder()
+            .expected_items(n as u64)
+            .false_positive_rate(0.01)
+            .build()
+            .unwrap();
+        for key in &present {
+            guard.insert(key);
+        }
+        let live = guard.live_filters();
+        let raw = live
+            .newest()
+            .expect("a guard without a source has a filter");
+        let layer = GuardLayer::for_loader(guard.clone());
+        let loader = GuardedLoader::new(guard, |_key: &'static [u8]| {
+            ready(Ok::<_, Infallible>(Some(1u32)))
+        });
 
-    let mut group = criterion.benchmark_group("layer");
-    group
-        .throughput(Throughput::Elements(CHUNK as u64))
-        .sampling_mode(SamplingMode::Flat)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(2));
-    bench_calls(&mut group, "bare/no-op", &absent, no_op());
-    bench_calls(&mut group, "absent/guarded", &absent, layer.layer(no_op()));
-    bench_calls(
-        &mut group,
-        "maybe-present/guarded",
-        &present,
-        layer.layer(no_op()),
-    );
-    bench_calls(
-        &mut group,
-        "absent/guarded-clone-per-call",
-        &absent,
-        ClonePerCall(layer.layer(no_op())),
-    );
-    group.finish();
+        let mut group = criterion.benchmark_group(format!("layer/n={}", label(n)));
+        group
+            .throughput(Throughput::Elements(CHUNK as u64))
+            .sampling_mode(SamplingMode::Flat)
+            .warm_up_time(Duration::from_secs(1))
+            .measurement_time(Duration::from_secs(2));
+        bench_calls(&mut group, "bare/no-op", &absent, no_op());
+        bench_keys(&mut group, "absent/raw-contains", &absent, |key| {
+            raw.contains(key)
+        });
+        bench_calls(&mut group, "absent/guarded", &absent, layer.layer(no_op()));
+        bench_calls(
+            &mut group,
+            "absent/guarded-clone-per-call",
+            &absent,
+            ClonePerCall(layer.layer(no_op())),
+        );
+        bench_keys(&mut group, "absent/loader-get", &absent, |key| {
+            poll_ready_now(loader.get(key)).unwrap().is_some()
+        });
+        bench_calls(
+            &mut group,
+            "maybe-present/guarded",
+            &present,
+            layer.layer(no_op()),
+        );
+        group.finish();
+    }
     criterion.final_summary();
 }

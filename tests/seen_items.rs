@@ -272,6 +272,14 @@ fn the_gate_runs_against_a_real_redis_cluster() {
             "--no-baseline",
         ],
     ));
+    assert_three_instances_ran_as_one_fleet(&outcome);
+    std::fs::remove_file(chart).unwrap();
+}
+
+/// A run of `--instances 3` with every request audited (a member answering
+/// "unseen" for an item whose fleet write completed fails the run): it did
+/// the work, and every write batch was acknowledged by the fleet.
+fn assert_three_instances_ran_as_one_fleet(outcome: &seen_items::report::Outcome) {
     let guarded = &outcome.guarded;
     assert!(
         guarded.audited_checks > 100_000,
@@ -284,7 +292,6 @@ fn the_gate_runs_against_a_real_redis_cluster() {
         fleet.acknowledgements.len() as u64 >= guarded.written / 512,
         "every write batch was acknowledged"
     );
-    std::fs::remove_file(chart).unwrap();
 }
 
 #[test]
@@ -292,24 +299,11 @@ fn three_instances_as_one_fleet_keep_every_seen_item_seen() {
     let server = RedisServer::start();
     let chart = chart_path("fleet");
     let url = server.url();
-    // Every request audited: a member answering "unseen" for an item whose
-    // fleet write completed fails the run.
     let outcome = run(small_run(
         &chart,
         &["--redis-url", &url, "--instances", "3", "--no-baseline"],
     ));
-    let guarded = &outcome.guarded;
-    assert!(
-        guarded.audited_checks > 100_000,
-        "{}",
-        guarded.audited_checks
-    );
-    let fleet = guarded.fleet.as_ref().expect("the fleet's figures");
-    assert_eq!(fleet.instances, 3);
-    assert!(
-        fleet.acknowledgements.len() as u64 >= guarded.written / 512,
-        "every write batch was acknowledged"
-    );
+    assert_three_instances_ran_as_one_fleet(&outcome);
     std::fs::remove_file(chart).unwrap();
 
     let refused = seen_items::Args::try_parse_from(["seen_items", "--instances", "2"])

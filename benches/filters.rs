@@ -3,6 +3,7 @@
 //! ```text
 //! cargo bench --bench filters                              # n = 1M, 10M, 32M
 //! BLOOMGUARD_BENCH_SIZES=1M cargo bench --bench filters    # a quick look
+//! BLOOMGUARD_BENCH_THREADS=1,4,8,16 cargo bench --bench filters -- threads/  # where the cores exist
 //! ```
 //!
 //! Every contender is sized for the same target FPR (1 %) and sees the same keys
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use bloomguard::AtomicBloom;
-use common::{KeySet, bench_sizes, label};
+use common::{KeySet, bench_sizes, label, thread_counts};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -460,7 +461,7 @@ fn multi_thread(c: &mut Criterion, workload: &Workload) {
     let bloomguard = filled::<Bloomguard>(workload);
     let fastbloom = filled::<FastbloomAtomicXxh3>(workload);
     let rwlock = filled::<RwLockFnv>(workload);
-    for threads in [1, 2] {
+    for threads in thread_counts() {
         bench_threads(&mut group, "bloomguard", &bloomguard, workload, threads);
         bench_threads(
             &mut group,

@@ -17,24 +17,12 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use bloomguard::{AtomicBloom, Guard, Lifecycle, Verdict};
-use common::{KeySet, bench_sizes, label};
+use common::{KeySet, bench_sizes, label, thread_counts};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 
 const TARGET_FPR: f64 = 0.01;
 const CHUNK: usize = 64;
 const ABSENT_KEYS: usize = 4_000_000;
-
-fn thread_counts() -> Vec<usize> {
-    std::env::var("BLOOMGUARD_BENCH_THREADS")
-        .unwrap_or_else(|_| "1,2".into())
-        .split(',')
-        .map(|t| {
-            t.trim()
-                .parse()
-                .expect("BLOOMGUARD_BENCH_THREADS: counts like 1,2,16")
-        })
-        .collect()
-}
 
 /// `threads` threads each make a checker and run it over their own stretch
 /// of `keys`; the iteration's time is the slowest thread's.

@@ -52,6 +52,19 @@ pub(crate) fn label(n: usize) -> String {
     }
 }
 
+/// Thread counts from `BLOOMGUARD_BENCH_THREADS` (like `1,2,4,8,16`), else 1 and 2.
+pub(crate) fn thread_counts() -> Vec<usize> {
+    std::env::var("BLOOMGUARD_BENCH_THREADS")
+        .unwrap_or_else(|_| "1,2".into())
+        .split(',')
+        .map(|t| {
+            t.trim()
+                .parse()
+                .expect("BLOOMGUARD_BENCH_THREADS: counts like 1,2,16")
+        })
+        .collect()
+}
+
 /// Filter sizes from `BLOOMGUARD_BENCH_SIZES` (like `1M,10M`), else `default`.
 pub(crate) fn bench_sizes(default: &str) -> Vec<usize> {
     let spec = std::env::var("BLOOMGUARD_BENCH_SIZES").unwrap_or_else(|_| default.into());

@@ -439,6 +439,27 @@ mod tests {
         Generation::new(filter, 1_000, 0.01)
     }
 
+    /// Checks read the set through a plain pointer (`sections.rs`); a swap
+    /// still frees the set it replaced once no check reads it, so rebuilds
+    /// do not pile up filters.
+    #[test]
+    fn a_replaced_set_is_freed_once_no_check_reads_it() {
+        let state = LiveState::new(LiveSet::warming().serving(vec![Arc::new(generation())]));
+        let replaced = Arc::downgrade(&state.load_full());
+        let record = sections::registry().claim();
+        let number = state.read(record, |set| set.number);
+        state.rotate(1, generation);
+        // Another test's check may be inside a section for a moment.
+        state.reclaim(None);
+        assert!(replaced.upgrade().is_none(), "the replaced set was freed");
+        assert_eq!(
+            state.read(record, |set| set.number),
+            number + 1,
+            "the next check reads the new set"
+        );
+        sections::Registry::release(record);
+    }
+
     #[test]
     fn racing_changes_are_serialised_and_none_is_lost() {
         let state = LiveState::new(LiveSet::warming().serving(vec![Arc::new(generation())]));

@@ -69,7 +69,7 @@ pub use reader::GuardReader;
 pub use rebuild::{RebuildError, RebuildOutcome, RebuildReport};
 pub use source::{KeySource, SourceError};
 use staleness::{StalenessSampler, Verifier};
-use stats::{Counter, History};
+use stats::{Counter, History, VerdictTally};
 pub use stats::{GuardStats, RebuildCounts, VerdictCounts};
 use writes::HeldIn;
 pub use writes::PendingWrite;
@@ -183,14 +183,12 @@ impl Guard {
                 .inner
                 .live
                 .read(record, |live| self.verdict_in(live, key));
-            self.inner
-                .counters
-                .add_for(record.index, Counter::for_verdict(verdict), 1);
+            self.count(Some(record.index), VerdictTally::of(verdict));
             verdict
         })
         .unwrap_or_else(|| {
             let verdict = self.verdict_in(&self.inner.live.load(), key);
-            self.count_checks(verdict, 1);
+            self.count(None, VerdictTally::of(verdict));
             verdict
         });
         if verdict == Verdict::Absent {
@@ -251,9 +249,9 @@ impl Guard {
         }
     }
 
-    /// The verdicts for up to [`CHECK_GROUP`] keys in `live`: hashed
-    /// first, then each generation probed for all of them (its memory
-    /// accesses overlapped), neither counted nor sampled.
+    /// The verdicts for up to [`CHECK_GROUP`] keys in `live`, the memory
+    /// accesses of each filter's probes overlapped (several generations:
+    /// each key hashed once for all), neither counted nor sampled.
     fn group_verdicts_in<K: AsRef<[u8]>>(&self, live: &LiveSet, keys: &[K], out: &mut [Verdict]) {
         let n = keys.len();
         if live.warming || live.generations.is_empty() {
@@ -264,18 +262,24 @@ impl Guard {
             out.fill(Verdict::MaybePresent);
             return;
         }
-        let mut hashes = [0u64; CHECK_GROUP];
         let mut present = [false; CHECK_GROUP];
-        let mut in_generation = [false; CHECK_GROUP];
-        for (hash, key) in hashes.iter_mut().zip(keys) {
-            *hash = hash_key(key.as_ref(), self.inner.seed);
-        }
-        for generation in live.generations.iter().rev() {
-            generation
-                .filter
-                .contains_many_hashed(&hashes[..n], &mut in_generation[..n]);
-            for (any, this) in present.iter_mut().zip(&in_generation[..n]) {
-                *any |= *this;
+        if let [only] = live.generations.as_slice() {
+            // The filter's own batch: each block prefetched as its key is
+            // hashed, so the first misses start sooner than after hashing all.
+            only.filter.contains_many(keys, &mut present[..n]);
+        } else {
+            let mut hashes = [0u64; CHECK_GROUP];
+            let mut in_generation = [false; CHECK_GROUP];
+            for (hash, key) in hashes.iter_mut().zip(keys) {
+                *hash = hash_key(key.as_ref(), self.inner.seed);
+            }
+            for generation in live.generations.iter().rev() {
+                generation
+                    .filter
+                    .contains_many_hashed(&hashes[..n], &mut in_generation[..n]);
+                for (any, this) in present.iter_mut().zip(&in_generation[..n]) {
+                    *any |= *this;
+                }
             }
         }
         for (verdict, &maybe) in out.iter_mut().zip(&present[..n]) {
@@ -283,20 +287,31 @@ impl Guard {
         }
     }
 
-    /// Counts `verdicts`, one addition per verdict kind, in the stripe of
-    /// the thread whose record index is `owner` (the caller's), or looked up.
+    /// Counts `verdicts`, one addition per counter.
     #[inline]
     fn count_verdicts(&self, owner: Option<usize>, verdicts: &[Verdict]) {
-        let mut tally = [0u64; 3];
+        let mut tally = VerdictTally::default();
         for &verdict in verdicts {
-            tally[Counter::for_verdict(verdict)] += 1;
+            tally.add(verdict);
         }
-        for (counter, checks) in tally.into_iter().enumerate() {
-            match (owner, checks) {
-                (_, 0) => {}
-                (Some(owner), _) => self.inner.counters.add_for(owner, counter, checks),
-                (None, _) => self.inner.counters.add(counter, checks),
-            }
+        self.count(owner, tally);
+    }
+
+    /// Adds `tally` to the guard's counters, in the stripe of the thread
+    /// whose record index is `owner` (the caller's), or looked up.
+    #[inline]
+    pub(crate) fn count(&self, owner: Option<usize>, tally: VerdictTally) {
+        let counters = &self.inner.counters;
+        let owner = owner.or_else(|| sections::with_thread_record(|record| record.index));
+        let add = |counter: Counter, n: u64| match owner {
+            Some(owner) => counters.add_for(owner, counter as usize, n),
+            None => counters.add(counter as usize, n),
+        };
+        add(Counter::Checks, tally.checks);
+        add(Counter::Absent, tally.absent);
+        // Rare, and known before any probe: a branch the CPU predicts.
+        if tally.warming > 0 {
+            add(Counter::Warming, tally.warming);
         }
     }
 
@@ -334,13 +349,6 @@ impl Guard {
                 )
             }
         }
-    }
-
-    #[inline]
-    pub(crate) fn count_checks(&self, verdict: Verdict, checks: u64) {
-        self.inner
-            .counters
-            .add(Counter::for_verdict(verdict), checks);
     }
 
     /// Offers an `Absent` answer to the staleness check, if there is one.

@@ -8,22 +8,23 @@ use std::sync::Arc;
 use arc_swap::{ArcSwap, Cache};
 
 use super::live::{Generation, LiveSet};
-use super::stats::Counter;
+use super::stats::VerdictTally;
 use super::{Guard, Inner, Verdict, present_if};
 
 /// A handle on a [`Guard`] that keeps its own reference to the live filters
 /// and only compares one pointer per check to see whether they changed.
 ///
-/// [`Guard::check`] protects its load of the live filters with `arc-swap`'s
-/// debt protocol, two ordered atomic instructions per check (about 10 ns
-/// measured, see BENCHMARKS.md). A reader answers the same verdicts from a
-/// cached `Arc` that it refreshes whenever the guard swaps filters, for a
-/// plain load per check. It needs `&mut self`, so it suits a worker loop or
-/// a tower service's `call`; make one per thread or per clone.
+/// [`Guard::check`] reads the live filters inside a read section (two
+/// plain stores to the thread's own record) and counts each verdict in the
+/// thread's own stripe. A reader answers the same verdicts from a cached
+/// `Arc` that it refreshes whenever the guard swaps filters, and counts 64
+/// verdicts at a time; with one live filter it also skips a dependent load.
+/// It needs `&mut self`, so it suits a worker loop; `Guard::check` is as
+/// fast within a few nanoseconds (see BENCHMARKS.md) and needs no handle.
 ///
 /// The cached `Arc` is only refreshed on the next check: a reader left idle
 /// keeps the filters it last saw in memory, even after a rebuild replaced
-/// them. Drop idle readers.
+/// them (`Guard::check` keeps nothing between checks). Drop idle readers.
 ///
 /// ```
 /// use bloomguard::{Guard, Verdict};
@@ -42,8 +43,8 @@ pub struct GuardReader {
     /// The one live filter, when there is exactly one (the usual case):
     /// two dependent loads closer than through the set (measured ~2 ns).
     only: Option<Arc<Generation>>,
-    /// Checks by verdict not yet added to the guard's counters.
-    uncounted: [u64; 3],
+    /// Checks not yet added to the guard's counters.
+    uncounted: VerdictTally,
     /// Whether the guard samples `Absent` answers (tested first: it never changes).
     samples_absent: bool,
 }
@@ -71,7 +72,7 @@ impl GuardReader {
             live: Cache::new(LiveSwap(Arc::clone(&guard.inner))),
             only_from: 0,
             only: None,
-            uncounted: [0; 3],
+            uncounted: VerdictTally::default(),
             samples_absent: guard.inner.staleness.is_some(),
         }
     }
@@ -95,10 +96,8 @@ impl GuardReader {
             Some(only) => present_if(only.filter.contains(key)),
             None => self.guard.verdict_in(live, key),
         };
-        // Verdict counters are the first three of `Counter`.
-        let uncounted = &mut self.uncounted[Counter::for_verdict(verdict)];
-        *uncounted += 1;
-        if *uncounted == FLUSH_EVERY {
+        self.uncounted.add(verdict);
+        if self.uncounted.checks == FLUSH_EVERY {
             self.flush();
         }
         if self.samples_absent && verdict == Verdict::Absent {
@@ -109,13 +108,8 @@ impl GuardReader {
 
     /// Adds the checks counted locally to the guard's statistics.
     pub fn flush(&mut self) {
-        for (verdict, count) in [Verdict::Absent, Verdict::MaybePresent, Verdict::Warming]
-            .into_iter()
-            .zip(&mut self.uncounted)
-        {
-            if *count > 0 {
-                self.guard.count_checks(verdict, std::mem::take(count));
-            }
+        if self.uncounted.checks > 0 {
+            self.guard.count(None, std::mem::take(&mut self.uncounted));
         }
     }
 

@@ -185,14 +185,24 @@ impl Registry {
 #[cfg(not(bloomguard_loom))]
 static REGISTRY: Registry = Registry::new();
 
-/// The calling thread's record, claimed on first use and released when the
-/// thread exits.
+#[cfg(not(bloomguard_loom))]
+thread_local! {
+    /// The calling thread's record once claimed: one load on the hot path
+    /// (a constant-initialised local without a destructor).
+    static CLAIMED: std::cell::Cell<Option<&'static Record>> = const { std::cell::Cell::new(None) };
+    /// Gives the record back when the thread exits.
+    static RELEASE_AT_EXIT: ThreadRecord = ThreadRecord(REGISTRY.claim());
+}
+
 #[cfg(not(bloomguard_loom))]
 struct ThreadRecord(&'static Record);
 
 #[cfg(not(bloomguard_loom))]
 impl Drop for ThreadRecord {
     fn drop(&mut self) {
+        // Later calls on this thread (from other locals' destructors) must
+        // not use a record another thread may claim next.
+        CLAIMED.set(None);
         Registry::release(self.0);
     }
 }
@@ -202,10 +212,19 @@ impl Drop for ThreadRecord {
 #[cfg(not(bloomguard_loom))]
 #[inline]
 pub(crate) fn with_thread_record<R>(f: impl FnOnce(&'static Record) -> R) -> Option<R> {
-    thread_local! {
-        static RECORD: ThreadRecord = ThreadRecord(REGISTRY.claim());
-    }
-    RECORD.try_with(|record| f(record.0)).ok()
+    let record = match CLAIMED.get() {
+        Some(record) => record,
+        None => claim_for_this_thread()?,
+    };
+    Some(f(record))
+}
+
+#[cfg(not(bloomguard_loom))]
+#[cold]
+fn claim_for_this_thread() -> Option<&'static Record> {
+    let record = RELEASE_AT_EXIT.try_with(|claimed| claimed.0).ok()?;
+    CLAIMED.set(Some(record));
+    Some(record)
 }
 
 /// The process's registry, which every guard's sets are read under.

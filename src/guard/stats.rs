@@ -7,8 +7,10 @@ use super::{Guard, RebuildReport, Verdict};
 /// The guard's striped counters, one slot each in every stripe.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Counter {
+    /// Every check; `MaybePresent` answers are the checks neither of the
+    /// next two counts.
+    Checks,
     Absent,
-    MaybePresent,
     Warming,
     Inserts,
     Found,
@@ -26,14 +28,35 @@ pub(crate) enum Counter {
 
 impl Counter {
     pub(crate) const COUNT: usize = 14;
+}
+
+/// Checks counted, and how many of them answered `Absent` and `Warming`.
+///
+/// Counted into fixed counters, adding 0 or 1 by verdict, rather than into
+/// the verdict's own counter: a counter chosen by the verdict is an address
+/// that waits on the probe's cache miss, and the next check's count then
+/// waits on it too, so consecutive checks' misses no longer overlap
+/// (measured: +29 ns a check against +6 ns on a 32M-key filter).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct VerdictTally {
+    pub(crate) checks: u64,
+    pub(crate) absent: u64,
+    pub(crate) warming: u64,
+}
+
+impl VerdictTally {
+    #[inline]
+    pub(crate) fn add(&mut self, verdict: Verdict) {
+        self.checks += 1;
+        self.absent += u64::from(verdict == Verdict::Absent);
+        self.warming += u64::from(verdict == Verdict::Warming);
+    }
 
     #[inline]
-    pub(crate) fn for_verdict(verdict: Verdict) -> usize {
-        match verdict {
-            Verdict::Absent => Self::Absent as usize,
-            Verdict::MaybePresent => Self::MaybePresent as usize,
-            Verdict::Warming => Self::Warming as usize,
-        }
+    pub(crate) fn of(verdict: Verdict) -> Self {
+        let mut tally = Self::default();
+        tally.add(verdict);
+        tally
     }
 }
 
@@ -258,10 +281,13 @@ impl Guard {
         // Absent answers and false positives are read once, here, so that
         // the counts and the rates made from them agree.
         let outcomes = self.outcomes();
+        // Read after the two it contains, so that it is at least their sum.
+        let warming = count(Counter::Warming);
+        let all = count(Counter::Checks);
         let checks = VerdictCounts {
             absent: outcomes.absent,
-            maybe_present: count(Counter::MaybePresent),
-            warming: count(Counter::Warming),
+            maybe_present: all.saturating_sub(outcomes.absent + warming),
+            warming,
         };
         let removed = count(Counter::Removed);
         let (baseline, rebuilds, last_rebuild, last_rebuild_succeeded_at) = {

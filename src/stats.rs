@@ -125,7 +125,7 @@ impl<const N: usize> ThreadCounters<N> {
 
     /// Adds `n` to `counter` for the thread owning the record numbered `index`
     /// (the calling thread's own).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn add_for(&self, index: usize, counter: usize, n: u64) {
         let shared = self.stripes.len() - 1;
         if index < shared {

@@ -286,7 +286,9 @@ where
         if self.route(&key, verdict, Verify::All) == Route::Absent {
             return Ok(None);
         }
-        self.ask(&key, verdict).await
+        // Boxed: inline, the backend call's state would make every `get`
+        // future hundreds of bytes, copied on each call, absent or not.
+        Box::pin(self.ask(&key, verdict)).await
     }
 
     /// Whether `key` is in the store: `false` when the guard rules it out,
@@ -301,7 +303,8 @@ where
         match self.route(&key, verdict, self.verify) {
             Route::Absent => Ok(false),
             Route::Trusted => Ok(true),
-            Route::Ask => Ok(self.ask(&key, verdict).await?.is_some()),
+            // Boxed for the reason `get` gives.
+            Route::Ask => Ok(Box::pin(self.ask(&key, verdict)).await?.is_some()),
         }
     }
 

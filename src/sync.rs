@@ -36,35 +36,41 @@ mod process_barrier {
 
     #[inline]
     pub(crate) fn light() {
-        if STRATEGY.load(Ordering::Relaxed) == MEMBARRIER {
+        if STRATEGY.load(Ordering::Acquire) == MEMBARRIER {
             compiler_fence(Ordering::SeqCst);
         } else {
             fence(Ordering::SeqCst);
         }
     }
 
-    pub(crate) fn heavy() {
+    /// `false` when no barrier could be made: the caller then frees nothing.
+    #[must_use]
+    pub(crate) fn heavy() -> bool {
         if strategy() == MEMBARRIER {
-            membarrier::private_expedited();
+            membarrier::private_expedited()
         } else {
             fence(Ordering::SeqCst);
+            true
         }
     }
 
     /// Decides once whether `membarrier` serves (registering the process
     /// for it); until then `light` is a full fence, which pairs with either.
+    /// Once `MEMBARRIER` is decided it never changes: readers that saw it
+    /// use compiler fences from then on.
     pub(crate) fn strategy() -> u8 {
-        match STRATEGY.load(Ordering::Relaxed) {
-            UNDECIDED => {
-                let decided = if membarrier::register() {
-                    MEMBARRIER
-                } else {
-                    FENCES
-                };
-                STRATEGY.store(decided, Ordering::Relaxed);
-                decided
-            }
-            decided => decided,
+        let decided = STRATEGY.load(Ordering::Acquire);
+        if decided != UNDECIDED {
+            return decided;
+        }
+        let chosen = if membarrier::register() {
+            MEMBARRIER
+        } else {
+            FENCES
+        };
+        match STRATEGY.compare_exchange(UNDECIDED, chosen, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => chosen,
+            Err(first) => first,
         }
     }
 
@@ -72,6 +78,7 @@ mod process_barrier {
     mod membarrier {
         // From linux/include/uapi/linux/membarrier.h.
         const QUERY: libc::c_int = 0;
+        const GLOBAL: libc::c_int = 1;
         const PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
         const REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
 
@@ -89,13 +96,12 @@ mod process_barrier {
                 && membarrier(REGISTER_PRIVATE_EXPEDITED) == 0
         }
 
-        pub(super) fn private_expedited() {
-            // Registered before `strategy` chose it; the command cannot fail then.
-            let done = membarrier(PRIVATE_EXPEDITED);
-            assert!(
-                done == 0,
-                "membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) failed"
-            );
+        /// A barrier on every thread of the process; `false` if none
+        /// could be made (the registered command failed, and so did the
+        /// global one, which needs no registration but waits for a grace
+        /// period of the whole system).
+        pub(super) fn private_expedited() -> bool {
+            membarrier(PRIVATE_EXPEDITED) == 0 || membarrier(GLOBAL) == 0
         }
     }
 
@@ -105,7 +111,7 @@ mod process_barrier {
             false
         }
 
-        pub(super) fn private_expedited() {
+        pub(super) fn private_expedited() -> bool {
             unreachable!("never chosen without Linux");
         }
     }
@@ -119,8 +125,9 @@ pub(crate) fn light_barrier() {
 }
 
 #[cfg(bloomguard_loom)]
-pub(crate) fn heavy_barrier() {
+pub(crate) fn heavy_barrier() -> bool {
     fence(Ordering::SeqCst);
+    true
 }
 
 #[cfg(bloomguard_loom)]

@@ -226,17 +226,24 @@ impl Guard {
         assert_room_for(keys, out);
         for (keys, out) in keys.chunks(CHECK_GROUP).zip(out.chunks_mut(CHECK_GROUP)) {
             let out = &mut out[..keys.len()];
+            // The caller's `as_ref` runs before the section: code of theirs
+            // inside it could check a guard, and sections do not nest.
+            let mut slices: [&[u8]; CHECK_GROUP] = [&[]; CHECK_GROUP];
+            for (slice, key) in slices.iter_mut().zip(keys) {
+                *slice = key.as_ref();
+            }
+            let slices = &slices[..keys.len()];
             let counted = sections::with_thread_record(|record| {
                 self.inner
                     .live
-                    .read(record, |live| self.group_verdicts_in(live, keys, out));
+                    .read(record, |live| self.group_verdicts_in(live, slices, out));
                 self.count_verdicts(Some(record.index), out);
             });
             if counted.is_none() {
-                self.group_verdicts_in(&self.inner.live.load(), keys, out);
+                self.group_verdicts_in(&self.inner.live.load(), slices, out);
                 self.count_verdicts(None, out);
             }
-            self.sample_absents(keys, out);
+            self.sample_absents(slices, out);
         }
     }
 
@@ -655,13 +662,22 @@ impl Guard {
     /// has caught up (see `redis::fleet`, the `redis` feature). Never for a
     /// guard outside a fleet.
     pub fn is_fenced(&self) -> bool {
-        self.inner.live.load().fenced
+        self.read_live(|live| live.fenced)
     }
 
     /// Whether the guard has not yet completed a pass over its source (every
     /// check answers `Warming`). A guard without a source never warms.
     pub fn is_warming(&self) -> bool {
-        self.inner.live.load().warming
+        self.read_live(|live| live.warming)
+    }
+
+    /// Reads the live set the way [`check`](Self::check) does, so that a
+    /// caller asking about a verdict it just got (the loader and the layer
+    /// ask whether a "maybe" came from a fenced set) reads the same set or
+    /// a newer one: a swap updates the checks' pointer before the rest.
+    fn read_live<R>(&self, read: impl Fn(&LiveSet) -> R) -> R {
+        sections::with_thread_record(|record| self.inner.live.read(record, &read))
+            .unwrap_or_else(|| read(&self.inner.live.load()))
     }
 
     /// Waits until the guard has left warming: its first build has

@@ -45,7 +45,9 @@ impl Record {
     #[inline]
     pub(crate) fn enter(&self) -> Section<'_> {
         let sequence = self.sequence.load(Ordering::Relaxed);
-        debug_assert!(sequence.is_multiple_of(2), "read sections do not nest");
+        // A nested section would close the outer one early, letting a
+        // reclaim free what it reads: no caller's code runs inside one.
+        assert!(sequence.is_multiple_of(2), "read sections do not nest");
         self.sequence.store(sequence + 1, Ordering::Relaxed);
         // Orders the store above before the set's load, paired with the
         // reclaimer's heavy barrier (a compiler fence where membarrier works).
@@ -154,7 +156,9 @@ impl Registry {
     pub(crate) fn wait_for_open_sections(&self, wait: Option<Duration>) -> bool {
         // After this, a section that loaded a replaced pointer has made its
         // opening store visible here (and one opened later loads the new one).
-        heavy_barrier();
+        if !heavy_barrier() {
+            return false;
+        }
         let open: Vec<(&Record, u64)> = self
             .records()
             .filter_map(|record| {

@@ -1159,3 +1159,43 @@ async fn the_applications_shutdown_token_stops_maintenance() {
     assert!(!guard.stats().maintenance_running);
     assert!(!maintenance.panicked());
 }
+
+/// A key whose `as_ref` checks a guard itself (a key type with logging or
+/// metrics in it could). `check_many` takes the keys' bytes before it reads
+/// the filters, so the inner check is not nested inside its read section
+/// (which, nested, would have let a swap free the filters it was reading).
+#[test]
+fn a_key_type_that_checks_a_guard_in_as_ref_is_answered() {
+    struct Nosy<'a> {
+        watcher: &'a Guard,
+        key: &'a str,
+    }
+    impl AsRef<[u8]> for Nosy<'_> {
+        fn as_ref(&self) -> &[u8] {
+            let _ = self.watcher.check("watched");
+            self.key.as_bytes()
+        }
+    }
+    let (guard, watcher) = (
+        Guard::builder().expected_items(100).build().unwrap(),
+        Guard::builder().expected_items(100).build().unwrap(),
+    );
+    guard.insert("in");
+    let keys = [
+        Nosy {
+            watcher: &watcher,
+            key: "in",
+        },
+        Nosy {
+            watcher: &guard,
+            key: "out",
+        },
+    ];
+    let mut verdicts = [Verdict::Warming; 2];
+    guard.check_many(&keys, &mut verdicts);
+    assert_eq!(verdicts[0], Verdict::MaybePresent);
+    assert_eq!(
+        watcher.stats().checks.absent + watcher.stats().checks.maybe_present,
+        1
+    );
+}

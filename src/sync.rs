@@ -10,8 +10,12 @@ pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 
 #[cfg(bloomguard_loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr};
+#[cfg(bloomguard_loom)]
+pub(crate) use loom::sync::{Mutex, MutexGuard};
 #[cfg(all(not(bloomguard_loom), feature = "guard"))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr};
+#[cfg(all(not(bloomguard_loom), feature = "guard"))]
+pub(crate) use std::sync::{Mutex, MutexGuard};
 
 #[cfg(all(not(bloomguard_loom), feature = "guard"))]
 pub(crate) use process_barrier::{

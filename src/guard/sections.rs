@@ -17,10 +17,12 @@
 //! longer (its thread preempted mid-check) defers the drop to the next
 //! swap or maintenance tick, never longer than that section.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Ordering, heavy_barrier, light_barrier};
+use crate::sync::{
+    AtomicBool, AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, heavy_barrier, light_barrier,
+};
 
 /// How long a swap waits for the sections open at the swap to end before it
 /// leaves the replaced sets to the next reclaim.
@@ -48,7 +50,10 @@ impl Record {
         // A nested section would close the outer one early, letting a
         // reclaim free what it reads: no caller's code runs inside one.
         assert!(sequence.is_multiple_of(2), "read sections do not nest");
-        self.sequence.store(sequence + 1, Ordering::Relaxed);
+        // Release: a reclaimer that reads this value (having missed the
+        // close of the section before) must still see that section's reads
+        // done; a relaxed store would not carry them (loom found it).
+        self.sequence.store(sequence + 1, Ordering::Release);
         // Orders the store above before the set's load, paired with the
         // reclaimer's heavy barrier (a compiler fence where membarrier works).
         light_barrier();
@@ -318,7 +323,7 @@ impl<T> Published<T> {
 }
 
 /// Owned values stay consistent whatever a panicking holder did.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -455,6 +460,68 @@ mod loom_tests {
             published.reclaim(None);
             let seen = reader.join().unwrap();
             assert!(seen == 1 || seen == 2, "read {seen}");
+        });
+    }
+
+    /// The maintenance task's reclaim runs on a thread of its own, racing
+    /// both the reader and the swap that retires the value.
+    #[test]
+    fn a_reclaim_on_another_thread_waits_for_the_section() {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(3);
+        builder.check(|| {
+            let registry: &'static Registry = Box::leak(Box::new(Registry::new()));
+            let published = LoomArc::new(Published::new(
+                Arc::new(Value(UnsafeCell::new(1))),
+                registry,
+            ));
+            let reader = {
+                let published = LoomArc::clone(&published);
+                loom::thread::spawn(move || {
+                    let record = registry.claim();
+                    let seen = published.read(record, Value::get);
+                    Registry::release(record);
+                    seen
+                })
+            };
+            let reclaimer = {
+                let published = LoomArc::clone(&published);
+                loom::thread::spawn(move || published.reclaim(None))
+            };
+            published.replace(Arc::new(Value(UnsafeCell::new(2))));
+            reclaimer.join().unwrap();
+            let seen = reader.join().unwrap();
+            assert!(seen == 1 || seen == 2, "read {seen}");
+        });
+    }
+
+    /// A reader that gives its record back and claims one again (a thread
+    /// exiting, another starting) between two sections, while a swap
+    /// reclaims: the second section's record may be the first's.
+    #[test]
+    fn a_reused_record_keeps_the_protocol() {
+        loom::model(|| {
+            let registry: &'static Registry = Box::leak(Box::new(Registry::new()));
+            let published = LoomArc::new(Published::new(
+                Arc::new(Value(UnsafeCell::new(1))),
+                registry,
+            ));
+            let reader = {
+                let published = LoomArc::clone(&published);
+                loom::thread::spawn(move || {
+                    let first = registry.claim();
+                    let before = published.read(first, Value::get);
+                    Registry::release(first);
+                    let second = registry.claim();
+                    let after = published.read(second, Value::get);
+                    Registry::release(second);
+                    (before, after)
+                })
+            };
+            published.replace(Arc::new(Value(UnsafeCell::new(2))));
+            published.reclaim(None);
+            let (before, after) = reader.join().unwrap();
+            assert!(before <= after && after >= 1, "read {before} then {after}");
         });
     }
 

@@ -27,6 +27,7 @@ pub(super) struct Blocks {
 
 enum Owner {
     /// `calloc`-style memory: `base` as allocated, `start` rounded up inside it.
+    #[cfg_attr(bloomguard_loom, allow(dead_code))]
     Zeroed {
         base: NonNull<u8>,
         layout: Layout,

@@ -7,7 +7,7 @@
 //! stores to the thread's own cache line, around a plain load of the set's
 //! pointer ([`Published::read`]). The price moves to the rare side: after a
 //! swap, [`Published::reclaim`] issues one process-wide barrier
-//! (`membarrier(2)` on Linux, through the `membarrier` crate) and waits for
+//! (`membarrier(2)` on Linux, see `crate::sync`) and waits for
 //! the sections open at that moment to end, then drops the sets it replaced.
 //!
 //! Memory: a thread holds nothing between checks, so an idle thread keeps
@@ -16,6 +16,9 @@
 //! [`GRACE_WAIT`] for them (a check takes nanoseconds), and a section held
 //! longer (its thread preempted mid-check) defers the drop to the next
 //! swap or maintenance tick, never longer than that section.
+
+// Under loom the guard reads the slow way; only the models claim records.
+#![cfg_attr(all(bloomguard_loom, not(test)), allow(dead_code))]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -439,22 +442,37 @@ mod loom_tests {
         }
     }
 
+    /// A value of 1 published under a registry of the model's own.
+    fn published_value() -> (&'static Registry, LoomArc<Published<Value>>) {
+        let registry: &'static Registry = Box::leak(Box::new(Registry::new()));
+        let published = Published::new(Arc::new(Value(UnsafeCell::new(1))), registry);
+        (registry, LoomArc::new(published))
+    }
+
+    /// What one section reads, on a record claimed for it and then given back.
+    fn read_in_one_section(registry: &Registry, published: &Published<Value>) -> u64 {
+        let record = registry.claim();
+        let seen = published.read(record, Value::get);
+        Registry::release(record);
+        seen
+    }
+
+    /// Loom explores every interleaving of a model up to this many
+    /// preemptions; unbounded, the three-thread and two-section models run
+    /// for hours. Three covers a preemption at each side of a section.
+    fn bounded() -> loom::model::Builder {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(3);
+        builder
+    }
+
     #[test]
     fn no_section_reads_a_value_after_its_reclaim_dropped_it() {
         loom::model(|| {
-            let registry: &'static Registry = Box::leak(Box::new(Registry::new()));
-            let published = LoomArc::new(Published::new(
-                Arc::new(Value(UnsafeCell::new(1))),
-                registry,
-            ));
+            let (registry, published) = published_value();
             let reader = {
                 let published = LoomArc::clone(&published);
-                loom::thread::spawn(move || {
-                    let record = registry.claim();
-                    let seen = published.read(record, Value::get);
-                    Registry::release(record);
-                    seen
-                })
+                loom::thread::spawn(move || read_in_one_section(registry, &published))
             };
             published.replace(Arc::new(Value(UnsafeCell::new(2))));
             published.reclaim(None);
@@ -467,22 +485,11 @@ mod loom_tests {
     /// both the reader and the swap that retires the value.
     #[test]
     fn a_reclaim_on_another_thread_waits_for_the_section() {
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(3);
-        builder.check(|| {
-            let registry: &'static Registry = Box::leak(Box::new(Registry::new()));
-            let published = LoomArc::new(Published::new(
-                Arc::new(Value(UnsafeCell::new(1))),
-                registry,
-            ));
+        bounded().check(|| {
+            let (registry, published) = published_value();
             let reader = {
                 let published = LoomArc::clone(&published);
-                loom::thread::spawn(move || {
-                    let record = registry.claim();
-                    let seen = published.read(record, Value::get);
-                    Registry::release(record);
-                    seen
-                })
+                loom::thread::spawn(move || read_in_one_section(registry, &published))
             };
             let reclaimer = {
                 let published = LoomArc::clone(&published);
@@ -500,21 +507,13 @@ mod loom_tests {
     /// reclaims: the second section's record may be the first's.
     #[test]
     fn a_reused_record_keeps_the_protocol() {
-        loom::model(|| {
-            let registry: &'static Registry = Box::leak(Box::new(Registry::new()));
-            let published = LoomArc::new(Published::new(
-                Arc::new(Value(UnsafeCell::new(1))),
-                registry,
-            ));
+        bounded().check(|| {
+            let (registry, published) = published_value();
             let reader = {
                 let published = LoomArc::clone(&published);
                 loom::thread::spawn(move || {
-                    let first = registry.claim();
-                    let before = published.read(first, Value::get);
-                    Registry::release(first);
-                    let second = registry.claim();
-                    let after = published.read(second, Value::get);
-                    Registry::release(second);
+                    let before = read_in_one_section(registry, &published);
+                    let after = read_in_one_section(registry, &published);
                     (before, after)
                 })
             };
@@ -529,19 +528,13 @@ mod loom_tests {
     #[test]
     fn a_section_after_a_replace_reads_the_new_value() {
         loom::model(|| {
-            let registry: &'static Registry = Box::leak(Box::new(Registry::new()));
-            let published = LoomArc::new(Published::new(
-                Arc::new(Value(UnsafeCell::new(1))),
-                registry,
-            ));
+            let (registry, published) = published_value();
             let replaced = LoomArc::new(crate::sync::AtomicBool::new(false));
             let reader = {
                 let (published, replaced) = (LoomArc::clone(&published), LoomArc::clone(&replaced));
                 loom::thread::spawn(move || {
-                    let record = registry.claim();
                     let after = replaced.load(Ordering::Acquire);
-                    let seen = published.read(record, Value::get);
-                    Registry::release(record);
+                    let seen = read_in_one_section(registry, &published);
                     assert!(
                         !after || seen == 2,
                         "a section after the replace read {seen}"

@@ -1,9 +1,11 @@
-//! What a `Guard` adds to the filter it holds: the `ArcSwap` load and the
-//! striped counting on `check`, the in-flight count on `insert`.
+//! What a `Guard` adds to the filter it holds: the read section and the
+//! counting on `check`, the in-flight count on `insert`; and every read path
+//! of issue #16 on the seen-items mix beside fastbloom, per thread count.
 //!
 //! ```text
 //! cargo bench --bench guard                                   # n = 1M, 10M; 1 and 2 threads
 //! BLOOMGUARD_BENCH_THREADS=1,2,4,8,16 cargo bench --bench guard
+//! BLOOMGUARD_BENCH_SIZES=10M,100M cargo bench --bench guard -- paths/ && python3 benches/summary.py paths
 //! ```
 //!
 //! The raw paths call `AtomicBloom` directly on the guard's own filter (1 %
@@ -19,39 +21,44 @@ use std::time::{Duration, Instant};
 use bloomguard::{AtomicBloom, Guard, Lifecycle, Verdict};
 use common::{KeySet, bench_sizes, label, thread_counts};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
+use xxhash_rust::xxh3::xxh3_64;
 
 const TARGET_FPR: f64 = 0.01;
 const CHUNK: usize = 64;
 const ABSENT_KEYS: usize = 4_000_000;
+/// Of every 100 keys checked in the mix, how many are present (seen items).
+const PRESENT_PER_100: usize = 3;
 
-/// `threads` threads each make a checker and run it over their own stretch
-/// of `keys`; the iteration's time is the slowest thread's.
-fn bench_checks<M, C>(
+/// `threads` threads each make a worker and run it on 64-key chunks of
+/// their own stretch of `keys`; the iteration's time is the slowest thread's.
+fn bench_chunks<M, W>(
     group: &mut BenchmarkGroup<'_, WallTime>,
     id: String,
-    keys: &KeySet,
+    keys: &[&[u8]],
     threads: usize,
-    make_checker: M,
+    make_worker: M,
 ) where
-    M: Fn() -> C + Sync,
-    C: FnMut(&[u8]) -> bool,
+    M: Fn() -> W + Sync,
+    W: FnMut(&[&[u8]]),
 {
     group.throughput(Throughput::Elements((CHUNK * threads) as u64));
     group.bench_function(id, |b| {
         b.iter_custom(|iters| {
             if threads == 1 {
-                return run_stretch(keys, 0, keys.len(), iters, make_checker());
+                return run_stretch(keys, iters, make_worker());
             }
             let barrier = std::sync::Barrier::new(threads);
             let span = keys.len() / threads;
             std::thread::scope(|s| {
-                let workers: Vec<_> = (0..threads)
-                    .map(|t| {
-                        let (barrier, make_checker) = (&barrier, &make_checker);
+                let workers: Vec<_> = keys
+                    .chunks_exact(span)
+                    .take(threads)
+                    .map(|stretch| {
+                        let (barrier, make_worker) = (&barrier, &make_worker);
                         s.spawn(move || {
-                            let checker = make_checker();
+                            let worker = make_worker();
                             barrier.wait();
-                            run_stretch(keys, t * span, span, iters, checker)
+                            run_stretch(stretch, iters, worker)
                         })
                     })
                     .collect();
@@ -65,68 +72,112 @@ fn bench_checks<M, C>(
     });
 }
 
-fn run_stretch(
-    keys: &KeySet,
-    first: usize,
-    span: usize,
-    iters: u64,
-    mut check: impl FnMut(&[u8]) -> bool,
-) -> Duration {
-    let mut next = first;
+fn run_stretch(keys: &[&[u8]], iters: u64, mut work: impl FnMut(&[&[u8]])) -> Duration {
+    let mut next = 0;
     let start = Instant::now();
     for _ in 0..iters {
-        if next + CHUNK > first + span {
-            next = first;
+        if next + CHUNK > keys.len() {
+            next = 0;
         }
-        for i in next..next + CHUNK {
-            black_box(check(black_box(keys.get(i))));
-        }
+        work(black_box(&keys[next..next + CHUNK]));
         next += CHUNK;
     }
     start.elapsed()
 }
 
-/// `contains_many` against `check_many`, 64 keys a call.
-fn bench_batches(
-    group: &mut BenchmarkGroup<'_, WallTime>,
-    keys: &KeySet,
-    raw: &AtomicBloom,
-    guard: &Guard,
-) {
-    group.throughput(Throughput::Elements(CHUNK as u64));
-    let keys = keys.slices();
-    let mut found = [false; CHUNK];
-    bench_batch(group, "absent/1T/raw-contains-many", &keys, |chunk| {
-        raw.contains_many(chunk, &mut found);
-        black_box(&found);
-    });
-    let mut verdicts = [Verdict::Warming; CHUNK];
-    bench_batch(group, "absent/1T/guard-check-many", &keys, |chunk| {
-        guard.check_many(chunk, &mut verdicts);
-        black_box(&verdicts);
-    });
+/// A worker that hands a chunk's keys to `check` one at a time.
+fn one_by_one<R>(mut check: impl FnMut(&[u8]) -> R) -> impl FnMut(&[&[u8]]) {
+    move |chunk| {
+        for key in chunk {
+            black_box(check(black_box(key)));
+        }
+    }
 }
 
-fn bench_batch(
-    group: &mut BenchmarkGroup<'_, WallTime>,
-    id: &str,
-    keys: &[&[u8]],
-    mut batch: impl FnMut(&[&[u8]]),
+/// A worker that checks a chunk with `contains_many`.
+fn raw_batches(raw: &AtomicBloom) -> impl FnMut(&[&[u8]]) {
+    let mut found = [false; CHUNK];
+    move |chunk| {
+        raw.contains_many(chunk, &mut found);
+        black_box(&found);
+    }
+}
+
+/// A worker that checks a chunk with `check_many`.
+fn guard_batches(guard: &Guard) -> impl FnMut(&[&[u8]]) {
+    let mut verdicts = [Verdict::Warming; CHUNK];
+    move |chunk| {
+        guard.check_many(chunk, &mut verdicts);
+        black_box(&verdicts);
+    }
+}
+
+/// The paths of issue #16's table on the seen-items mix (3 keys in 100
+/// present), fastbloom's atomic filter fed xxh3 beside them, at every
+/// thread count: the figures BENCHMARKS.md shows with threads as columns.
+/// Inserts go into one shared filter per path, over and over once every
+/// key is in (each peer alike).
+fn bench_paths(
+    criterion: &mut Criterion,
+    n: usize,
+    mix: &[&[u8]],
+    present: &[&[u8]],
+    guard: &Guard,
 ) {
-    let mut next = 0;
-    group.bench_function(id, |b| {
-        b.iter_custom(|iters| {
-            let start = Instant::now();
-            for _ in 0..iters {
-                if next + CHUNK > keys.len() {
-                    next = 0;
-                }
-                batch(black_box(&keys[next..next + CHUNK]));
-                next += CHUNK;
-            }
-            start.elapsed()
-        })
-    });
+    let live = guard.live_filters();
+    let raw = live
+        .newest()
+        .expect("a guard without a source has a filter");
+    let fastbloom = fastbloom::AtomicBloomFilter::with_false_pos(TARGET_FPR).expected_items(n);
+    for key in present {
+        fastbloom.insert_hash(xxh3_64(key));
+    }
+    let (raw_target, fastbloom_target) = (
+        AtomicBloom::new(n as u64, TARGET_FPR).unwrap(),
+        fastbloom::AtomicBloomFilter::with_false_pos(TARGET_FPR).expected_items(n),
+    );
+    let mut group = criterion.benchmark_group(format!("paths/n={}", label(n)));
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2));
+    for threads in thread_counts() {
+        let id = |path: &str| format!("{path}/{threads}T");
+        bench_chunks(
+            &mut group,
+            id("fastbloom-contains-xxh3"),
+            mix,
+            threads,
+            || one_by_one(|k| fastbloom.contains_hash(xxh3_64(k))),
+        );
+        bench_chunks(&mut group, id("raw-contains"), mix, threads, || {
+            one_by_one(|k| raw.contains(k))
+        });
+        bench_chunks(&mut group, id("raw-contains-many"), mix, threads, || {
+            raw_batches(raw)
+        });
+        bench_chunks(&mut group, id("guard-check"), mix, threads, || {
+            one_by_one(|k| guard.check(k))
+        });
+        bench_chunks(&mut group, id("guard-reader-check"), mix, threads, || {
+            let mut reader = guard.reader();
+            one_by_one(move |k| reader.check(k))
+        });
+        bench_chunks(&mut group, id("guard-check-many"), mix, threads, || {
+            guard_batches(guard)
+        });
+        bench_chunks(
+            &mut group,
+            id("fastbloom-insert-xxh3"),
+            present,
+            threads,
+            || one_by_one(|k| fastbloom_target.insert_hash(xxh3_64(k))),
+        );
+        bench_chunks(&mut group, id("raw-insert"), present, threads, || {
+            one_by_one(|k| raw_target.insert(k))
+        });
+    }
+    group.finish();
 }
 
 /// Keys per timed block of the interleaved measurement.
@@ -273,29 +324,43 @@ fn main() {
             .sampling_mode(SamplingMode::Flat)
             .warm_up_time(Duration::from_secs(1))
             .measurement_time(Duration::from_secs(2));
+        let (absent_slices, present_slices) = (absent.slices(), present.slices());
         for threads in thread_counts() {
-            for (what, keys) in [("absent", &absent), ("present", &present)] {
+            for (what, keys) in [("absent", &absent_slices), ("present", &present_slices)] {
                 let id = |name: &str| format!("{what}/{threads}T/{name}");
-                bench_checks(&mut group, id("raw-contains"), keys, threads, || {
-                    |k: &[u8]| raw.contains(k)
+                bench_chunks(&mut group, id("raw-contains"), keys, threads, || {
+                    one_by_one(|k| raw.contains(k))
                 });
-                bench_checks(&mut group, id("guard-check"), keys, threads, || {
-                    |k: &[u8]| guard.check(k).is_absent()
+                bench_chunks(&mut group, id("guard-check"), keys, threads, || {
+                    one_by_one(|k| guard.check(k))
                 });
-                bench_checks(&mut group, id("guard-reader-check"), keys, threads, || {
+                bench_chunks(&mut group, id("guard-reader-check"), keys, threads, || {
                     let mut reader = guard.reader();
-                    move |k: &[u8]| reader.check(k).is_absent()
+                    one_by_one(move |k| reader.check(k))
                 });
             }
         }
-        bench_checks(
+        bench_chunks(
             &mut group,
             "absent/1T/guard-check-3-generations".into(),
-            &absent,
+            &absent_slices,
             1,
-            || |k: &[u8]| rotating.check(k).is_absent(),
+            || one_by_one(|k| rotating.check(k)),
         );
-        bench_batches(&mut group, &absent, raw, &guard);
+        bench_chunks(
+            &mut group,
+            "absent/1T/raw-contains-many".into(),
+            &absent_slices,
+            1,
+            || raw_batches(raw),
+        );
+        bench_chunks(
+            &mut group,
+            "absent/1T/guard-check-many".into(),
+            &absent_slices,
+            1,
+            || guard_batches(&guard),
+        );
         bench_inserts(
             &mut group,
             "insert/1T/raw-insert",
@@ -313,6 +378,8 @@ fn main() {
             |guard, key| guard.insert(key),
         );
         group.finish();
+        let mix = KeySet::mixed(&present, &absent, PRESENT_PER_100, absent.len());
+        bench_paths(&mut criterion, n, &mix.slices(), &present_slices, &guard);
     }
     criterion.final_summary();
     let table = overhead.join("\n");

@@ -4,6 +4,7 @@ into the tables in BENCHMARKS.md.
 
     cargo bench --bench filters && python3 benches/summary.py
     cargo bench --bench guard && python3 benches/summary.py guard
+    cargo bench --bench guard -- paths/ && python3 benches/summary.py paths
 
 Every timed iteration of that bench handles a fixed number of keys (criterion's
 "throughput"), so ns/key is the mean time divided by that count; the thread
@@ -49,15 +50,51 @@ def guard_tables():
             print(f"| {size} | {what} | {threads} | {path} | {ns:.1f} | {added} |")
 
 
+# The rows of issue #16's table, in its order, and the peer each is held against.
+PATHS = [
+    "fastbloom-contains-xxh3", "raw-contains", "raw-contains-many", "guard-check",
+    "guard-reader-check", "guard-check-many", "fastbloom-insert-xxh3", "raw-insert",
+]
+PEER = {"fastbloom-insert-xxh3": "fastbloom-insert-xxh3", "raw-insert": "fastbloom-insert-xxh3"}
+
+
+def paths_table():
+    """Aggregate Mops/s of every read path on the seen-items mix, sizes and threads as columns."""
+    rates = {}
+    for group, function, mean_ns, keys in estimates():
+        if group.startswith("paths/"):
+            path, threads = function.rsplit("/", 1)
+            rates[(path, group.split("=")[1], threads)] = keys / mean_ns * 1e3
+    sizes = sorted({s for _, s, _ in rates}, key=lambda s: int(s.rstrip("M")))
+    counts = sorted({t for _, _, t in rates}, key=lambda t: int(t.rstrip("T")))
+    columns = [(size, threads) for size in sizes for threads in counts]
+    most = counts[-1]
+    print("| path | " + " | ".join(f"{size}, {threads}" for size, threads in columns)
+          + " | " + " | ".join(f"vs fastbloom, {size} {most}" for size in sizes) + " |")
+    print("|---|" + "---:|" * (len(columns) + len(sizes)))
+    for path in PATHS:
+        cells = [f"{rates[(path, *c)]:.1f}" if (path, *c) in rates else "–" for c in columns]
+        peer = PEER.get(path, "fastbloom-contains-xxh3")
+        ratios = [
+            f"{rates[(path, size, most)] / rates[(peer, size, most)]:.2f}×"
+            if (path, size, most) in rates and (peer, size, most) in rates else "–"
+            for size in sizes
+        ]
+        print(f"| {path} | " + " | ".join(cells + ratios) + " |")
+
+
 def main():
     if not CRITERION.exists():
         sys.exit("no criterion results: run `cargo bench --bench filters` first")
     if sys.argv[1:] == ["guard"]:
         guard_tables()
         return
+    if sys.argv[1:] == ["paths"]:
+        paths_table()
+        return
     single, threads = {}, {}
     for group, function, mean_ns, keys in estimates():
-        if group.startswith("guard/"):
+        if group.startswith(("guard/", "paths/")):
             continue
         if group.startswith("threads/"):
             count, contender = function.split("/", 1)

@@ -39,6 +39,28 @@ impl KeySet {
         &self.bytes[start..self.ends[i] as usize]
     }
 
+    /// `count` keys of `absent` with, out of every 100, `present_per_100`
+    /// of `present` spread among them (the seen-items mix: 3 in 100).
+    pub(crate) fn mixed(
+        present: &KeySet,
+        absent: &KeySet,
+        present_per_100: usize,
+        count: usize,
+    ) -> Self {
+        let mut bytes = Vec::new();
+        let mut ends = Vec::with_capacity(count);
+        for i in 0..count {
+            let key = if i % 100 < present_per_100 {
+                present.get(i * 7919 % present.len())
+            } else {
+                absent.get(i % absent.len())
+            };
+            bytes.extend_from_slice(key);
+            ends.push(u32::try_from(bytes.len()).expect("key bytes fit in u32 offsets"));
+        }
+        Self { bytes, ends }
+    }
+
     pub(crate) fn slices(&self) -> Vec<&[u8]> {
         (0..self.len()).map(|i| self.get(i)).collect()
     }

@@ -115,8 +115,9 @@ fn guard_batches(guard: &Guard) -> impl FnMut(&[&[u8]]) {
 /// The paths of issue #16's table on the seen-items mix (3 keys in 100
 /// present), fastbloom's atomic filter fed xxh3 beside them, at every
 /// thread count: the figures BENCHMARKS.md shows with threads as columns.
-/// Inserts go into one shared filter per path, over and over once every
-/// key is in (each peer alike).
+/// Inserts go into cleared filters (their memory mapped already: a fresh
+/// filter of ours is mapped lazily, fastbloom's as it is built), as
+/// `bench_inserts` says.
 fn bench_paths(
     criterion: &mut Criterion,
     n: usize,
@@ -132,10 +133,6 @@ fn bench_paths(
     for key in present {
         fastbloom.insert_hash(xxh3_64(key));
     }
-    let (raw_target, fastbloom_target) = (
-        AtomicBloom::new(n as u64, TARGET_FPR).unwrap(),
-        fastbloom::AtomicBloomFilter::with_false_pos(TARGET_FPR).expected_items(n),
-    );
     let mut group = criterion.benchmark_group(format!("paths/n={}", label(n)));
     group
         .sampling_mode(SamplingMode::Flat)
@@ -166,16 +163,28 @@ fn bench_paths(
         bench_chunks(&mut group, id("guard-check-many"), mix, threads, || {
             guard_batches(guard)
         });
-        bench_chunks(
+        bench_inserts(
             &mut group,
             id("fastbloom-insert-xxh3"),
             present,
             threads,
-            || one_by_one(|k| fastbloom_target.insert_hash(xxh3_64(k))),
+            fastbloom::AtomicBloomFilter::with_false_pos(TARGET_FPR).expected_items(n),
+            |filter| filter.clear(),
+            |filter, k| {
+                filter.insert_hash(xxh3_64(k));
+            },
         );
-        bench_chunks(&mut group, id("raw-insert"), present, threads, || {
-            one_by_one(|k| raw_target.insert(k))
-        });
+        bench_inserts(
+            &mut group,
+            id("raw-insert"),
+            present,
+            threads,
+            AtomicBloom::new(n as u64, TARGET_FPR).unwrap(),
+            |filter| filter.clear(),
+            |filter, k| {
+                filter.insert(k);
+            },
+        );
     }
     group.finish();
 }
@@ -250,32 +259,63 @@ fn overhead_rows(
     rows
 }
 
-/// Inserts in key order, restarting (untimed, on fresh filters) once all
-/// keys are in, so that both see the same fill levels.
-fn bench_inserts<T>(
+/// `threads` threads insert their own stretches of `keys` into one shared
+/// `target`, in key order. When a stretch is used up, the target is `reset`
+/// (untimed) and the walk starts over: every key goes into each emptied
+/// target once, so every path sees the same fill levels.
+fn bench_inserts<T: Sync>(
     group: &mut BenchmarkGroup<'_, WallTime>,
-    id: &str,
-    keys: &KeySet,
-    fresh: impl Fn() -> T,
-    insert: impl Fn(&T, &[u8]),
+    id: String,
+    keys: &[&[u8]],
+    threads: usize,
+    mut target: T,
+    reset: impl Fn(&mut T),
+    insert: impl Fn(&T, &[u8]) + Sync,
 ) {
-    group.throughput(Throughput::Elements(CHUNK as u64));
-    let mut target = fresh();
-    let mut next = 0;
+    group.throughput(Throughput::Elements((CHUNK * threads) as u64));
+    let span = keys.len() / threads;
+    let mut inserted = 0;
     group.bench_function(id, |b| {
         b.iter_custom(|iters| {
             let mut elapsed = Duration::ZERO;
-            for _ in 0..iters {
-                if next + CHUNK > keys.len() {
-                    target = fresh();
-                    next = 0;
+            let mut left = iters as usize * CHUNK;
+            while left > 0 {
+                if inserted == span {
+                    reset(&mut target);
+                    inserted = 0;
                 }
-                let start = Instant::now();
-                for i in next..next + CHUNK {
-                    insert(&target, black_box(keys.get(i)));
-                }
-                elapsed += start.elapsed();
-                next += CHUNK;
+                let take = left.min(span - inserted);
+                let stretch = |t: usize| &keys[t * span + inserted..][..take];
+                let run = |stretch: &[&[u8]]| {
+                    let start = Instant::now();
+                    for key in stretch {
+                        insert(&target, black_box(key));
+                    }
+                    start.elapsed()
+                };
+                elapsed += if threads == 1 {
+                    run(stretch(0))
+                } else {
+                    let barrier = std::sync::Barrier::new(threads);
+                    std::thread::scope(|s| {
+                        let workers: Vec<_> = (0..threads)
+                            .map(|t| {
+                                let (barrier, run, stretch) = (&barrier, &run, stretch(t));
+                                s.spawn(move || {
+                                    barrier.wait();
+                                    run(stretch)
+                                })
+                            })
+                            .collect();
+                        workers
+                            .into_iter()
+                            .map(|w| w.join().unwrap())
+                            .max()
+                            .unwrap()
+                    })
+                };
+                inserted += take;
+                left -= take;
             }
             elapsed
         })
@@ -363,18 +403,22 @@ fn main() {
         );
         bench_inserts(
             &mut group,
-            "insert/1T/raw-insert",
-            &present,
-            || AtomicBloom::new(n as u64, TARGET_FPR).unwrap(),
+            "insert/1T/raw-insert".into(),
+            &present_slices,
+            1,
+            AtomicBloom::new(n as u64, TARGET_FPR).unwrap(),
+            |filter| *filter = AtomicBloom::new(n as u64, TARGET_FPR).unwrap(),
             |filter, key| {
                 filter.insert(key);
             },
         );
         bench_inserts(
             &mut group,
-            "insert/1T/guard-insert",
-            &present,
-            || Guard::builder().expected_items(n as u64).build().unwrap(),
+            "insert/1T/guard-insert".into(),
+            &present_slices,
+            1,
+            Guard::builder().expected_items(n as u64).build().unwrap(),
+            |guard| *guard = Guard::builder().expected_items(n as u64).build().unwrap(),
             |guard, key| guard.insert(key),
         );
         group.finish();

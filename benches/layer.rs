@@ -151,6 +151,10 @@ fn main() {
             &absent,
             ClonePerCall(layer.layer(no_op())),
         );
+        // What the loader's path starts from.
+        bench_keys(&mut group, "absent/guard-check", &absent, |key| {
+            loader.guard().check(key).is_absent()
+        });
         bench_keys(&mut group, "absent/loader-get", &absent, |key| {
             poll_ready_now(loader.get(key)).unwrap().is_some()
         });

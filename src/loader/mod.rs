@@ -39,6 +39,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
+use futures_util::future::Either;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -277,35 +278,48 @@ where
 
     /// Loads `key` unless the guard rules it out.
     ///
-    /// # Errors
-    /// The loader's error, shared with every caller that waited on the same
-    /// backend call.
-    pub async fn get(&self, key: K) -> Loaded<L::Value, L::Error> {
-        let verdict = self.inner.guard.check(key.as_ref());
-        // `Verify::All` trusts nothing: every route but `Absent` asks.
-        if self.route(&key, verdict, Verify::All) == Route::Absent {
-            return Ok(None);
-        }
-        // Boxed: inline, the backend call's state would make every `get`
-        // future hundreds of bytes, copied on each call, absent or not.
-        Box::pin(self.ask(&key, verdict)).await
-    }
-
-    /// Whether `key` is in the store: `false` when the guard rules it out,
-    /// `true` for a "maybe" trusted by the [`verify`](Self::verify) policy,
-    /// otherwise what the backend answers.
+    /// The guard is checked when `get` is called, the backend when the
+    /// future is polled: an absent key's future is ready at once. (Checked
+    /// inside the future, the key went through memory first, and a copy of
+    /// the future before its poll made each check wait for the one before
+    /// it to leave the CPU: 0.29× the raw filter's rate past the cache,
+    /// against 0.55× now.)
     ///
     /// # Errors
     /// The loader's error, shared with every caller that waited on the same
     /// backend call.
-    pub async fn contains(&self, key: K) -> Result<bool, Arc<L::Error>> {
+    pub fn get(&self, key: K) -> impl Future<Output = Loaded<L::Value, L::Error>> + '_ {
         let verdict = self.inner.guard.check(key.as_ref());
-        match self.route(&key, verdict, self.verify) {
-            Route::Absent => Ok(false),
-            Route::Trusted => Ok(true),
-            // Boxed for the reason `get` gives.
-            Route::Ask => Ok(Box::pin(self.ask(&key, verdict)).await?.is_some()),
+        // `Verify::All` trusts nothing: every route but `Absent` asks.
+        if self.route(&key, verdict, Verify::All) == Route::Absent {
+            return Either::Left(std::future::ready(Ok(None)));
         }
+        // Boxed: inline, the backend call's state would make every `get`
+        // future hundreds of bytes, copied on each call, absent or not.
+        Either::Right(Box::pin(async move { self.ask(&key, verdict).await }))
+    }
+
+    /// Whether `key` is in the store: `false` when the guard rules it out,
+    /// `true` for a "maybe" trusted by the [`verify`](Self::verify) policy,
+    /// otherwise what the backend answers. Like [`get`](Self::get), it
+    /// checks the guard when called.
+    ///
+    /// # Errors
+    /// The loader's error, shared with every caller that waited on the same
+    /// backend call.
+    pub fn contains(&self, key: K) -> impl Future<Output = Result<bool, Arc<L::Error>>> + '_ {
+        let verdict = self.inner.guard.check(key.as_ref());
+        let known = match self.route(&key, verdict, self.verify) {
+            Route::Absent => false,
+            Route::Trusted => true,
+            // Boxed for the reason `get` gives.
+            Route::Ask => {
+                return Either::Right(Box::pin(async move {
+                    Ok(self.ask(&key, verdict).await?.is_some())
+                }));
+            }
+        };
+        Either::Left(std::future::ready(Ok(known)))
     }
 
     /// Loads each of `keys` the guard does not rule out, with one

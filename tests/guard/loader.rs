@@ -77,6 +77,48 @@ async fn absent_keys_never_reach_the_loader() {
     assert_eq!((stats.found, stats.false_positives), (1, maybe));
 }
 
+/// The guard is asked when `get` or `contains` is called, so that an absent
+/// key's future is ready at once and a copy of it before its poll waits for
+/// nothing (measured in `benches/layer.rs`, `absent/loader-get`); the
+/// backend only when the future is polled.
+#[test]
+fn the_guard_is_checked_when_get_is_called_and_the_backend_when_polled() {
+    use std::task::{Context, Poll, Waker};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let loader = GuardedLoader::new(guard_with(&["item:1"]), {
+        let calls = Arc::clone(&calls);
+        move |_key: String| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok::<_, std::convert::Infallible>(Some(1u8)))
+        }
+    });
+    let mut context = Context::from_waker(Waker::noop());
+    let absent = loader.get("item:2".into());
+    let unpolled = loader.get("item:1".into());
+    assert_eq!(
+        loader.guard().stats().checks.total(),
+        2,
+        "both checked when made"
+    );
+    let mut absent = std::pin::pin!(absent);
+    assert!(matches!(
+        absent.as_mut().poll(&mut context),
+        Poll::Ready(Ok(None))
+    ));
+    assert!(matches!(
+        std::pin::pin!(loader.contains("item:3".into())).poll(&mut context),
+        Poll::Ready(Ok(false))
+    ));
+    drop(unpolled);
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "no backend call unpolled");
+    let mut present = std::pin::pin!(loader.get("item:1".into()));
+    assert!(matches!(
+        present.as_mut().poll(&mut context),
+        Poll::Ready(Ok(Some(1)))
+    ));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
 /// A `get` or `contains` future is moved on every call: the backend call's
 /// state is boxed on the path that makes it, so that the absent path copies
 /// a few words, not hundreds of bytes (measured in `benches/layer.rs`,

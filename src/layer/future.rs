@@ -8,8 +8,8 @@ use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 
-use super::GuardPolicy;
-use crate::guard::{Guard, Verdict};
+use super::{GuardPolicy, Shared};
+use crate::guard::Verdict;
 
 pin_project! {
     /// The answer of a [`GuardService`](super::GuardService): ready at once
@@ -32,9 +32,8 @@ pin_project! {
 
 /// What to count once the inner service answers.
 struct Outcome<P, R> {
-    guard: Guard,
+    shared: Arc<Shared<P>>,
     verdict: Verdict,
-    policy: Arc<P>,
     /// `GuardPolicy::found` for the request type the service was called with.
     found: fn(&P, &R) -> Option<bool>,
 }
@@ -49,7 +48,7 @@ impl<F, P, R> ResponseFuture<F, P, R> {
         }
     }
 
-    pub(super) fn called<Request>(future: F, guard: Guard, verdict: Verdict, policy: Arc<P>) -> Self
+    pub(super) fn called<Request>(future: F, shared: Arc<Shared<P>>, verdict: Verdict) -> Self
     where
         P: GuardPolicy<Request, R>,
     {
@@ -57,9 +56,8 @@ impl<F, P, R> ResponseFuture<F, P, R> {
             state: State::Called {
                 future,
                 outcome: Some(Outcome {
-                    guard,
+                    shared,
                     verdict,
-                    policy,
                     found: <P as GuardPolicy<Request, R>>::found,
                 }),
             },
@@ -90,9 +88,9 @@ where
             StateProjection::Called { future, outcome } => {
                 let result = ready!(future.poll(cx));
                 if let (Ok(response), Some(outcome)) = (&result, outcome.take())
-                    && let Some(found) = (outcome.found)(&outcome.policy, response)
+                    && let Some(found) = (outcome.found)(&outcome.shared.policy, response)
                 {
-                    outcome.guard.count_outcome(outcome.verdict, found);
+                    outcome.shared.guard.count_outcome(outcome.verdict, found);
                 }
                 Poll::Ready(result)
             }

@@ -386,10 +386,10 @@ impl<K, ResBody> GuardLayer<HttpPolicy<K, ResBody>> {
     where
         K: Clone,
     {
-        let mut policy = std::sync::Arc::unwrap_or_clone(self.policy);
-        change(&mut policy);
+        let mut shared = std::sync::Arc::unwrap_or_clone(self.shared);
+        change(&mut shared.policy);
         Self {
-            policy: std::sync::Arc::new(policy),
+            shared: std::sync::Arc::new(shared),
             ..self
         }
     }

@@ -12,6 +12,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::HttpKey;
+use super::Shared;
 use crate::guard::{Guard, PendingWrite};
 
 /// Inserts the key of each request into the guard **before** calling the
@@ -32,8 +33,7 @@ use crate::guard::{Guard, PendingWrite};
 /// # Ok::<(), bloomguard::ConfigError>(())
 /// ```
 pub struct InsertLayer<K> {
-    guard: Guard,
-    key: Arc<K>,
+    shared: Arc<Shared<K>>,
 }
 
 impl<K> InsertLayer<K> {
@@ -42,8 +42,7 @@ impl<K> InsertLayer<K> {
     /// `K` is an [`HttpKey`] of the requests the service takes.
     pub fn for_http(guard: Guard, key: K) -> Self {
         Self {
-            guard,
-            key: Arc::new(key),
+            shared: Arc::new(Shared { guard, policy: key }),
         }
     }
 }
@@ -51,8 +50,7 @@ impl<K> InsertLayer<K> {
 impl<K> Clone for InsertLayer<K> {
     fn clone(&self) -> Self {
         Self {
-            guard: self.guard.clone(),
-            key: Arc::clone(&self.key),
+            shared: Arc::clone(&self.shared),
         }
     }
 }
@@ -60,7 +58,7 @@ impl<K> Clone for InsertLayer<K> {
 impl<K> fmt::Debug for InsertLayer<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InsertLayer")
-            .field("guard", &self.guard)
+            .field("guard", &self.shared.guard)
             .finish_non_exhaustive()
     }
 }
@@ -71,8 +69,7 @@ impl<S, K> Layer<S> for InsertLayer<K> {
     fn layer(&self, inner: S) -> Self::Service {
         InsertService {
             inner,
-            guard: self.guard.clone(),
-            key: Arc::clone(&self.key),
+            shared: Arc::clone(&self.shared),
         }
     }
 }
@@ -81,8 +78,7 @@ impl<S, K> Layer<S> for InsertLayer<K> {
 /// made by [`InsertLayer`].
 pub struct InsertService<S, K> {
     inner: S,
-    guard: Guard,
-    key: Arc<K>,
+    shared: Arc<Shared<K>>,
 }
 
 impl<S, K> InsertService<S, K> {
@@ -117,9 +113,10 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let pending = self
-            .key
+            .shared
+            .policy
             .key(&request)
-            .map(|key| self.guard.begin_write(key.as_bytes()));
+            .map(|key| self.shared.guard.begin_write(key.as_bytes()));
         InsertFuture {
             future: self.inner.call(request),
             pending,
@@ -131,8 +128,7 @@ impl<S: Clone, K> Clone for InsertService<S, K> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            guard: self.guard.clone(),
-            key: Arc::clone(&self.key),
+            shared: Arc::clone(&self.shared),
         }
     }
 }
@@ -141,7 +137,7 @@ impl<S: fmt::Debug, K> fmt::Debug for InsertService<S, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InsertService")
             .field("inner", &self.inner)
-            .field("guard", &self.guard)
+            .field("guard", &self.shared.guard)
             .finish_non_exhaustive()
     }
 }

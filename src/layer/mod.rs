@@ -109,9 +109,18 @@ impl<K: AsRef<[u8]>, V> GuardPolicy<K, Option<V>> for LoaderPolicy {
 
 /// Wraps services in a [`GuardService`]. See the [module docs](self).
 pub struct GuardLayer<P> {
-    guard: Guard,
-    policy: Arc<P>,
+    shared: Arc<Shared<P>>,
     shadow: bool,
+}
+
+/// What a layer's services share (the guard, and the policy or, for
+/// [`InsertLayer`](crate::InsertLayer), the key extractor) behind one
+/// reference count: axum clones the service for every request, and each
+/// count is a locked instruction on a line every core's requests touch.
+#[derive(Clone)]
+pub(crate) struct Shared<P> {
+    pub(crate) guard: Guard,
+    pub(crate) policy: P,
 }
 
 impl GuardLayer<LoaderPolicy> {
@@ -127,8 +136,7 @@ impl<P> GuardLayer<P> {
     /// Guards services with a policy of your own.
     pub fn with_policy(guard: Guard, policy: P) -> Self {
         Self {
-            guard,
-            policy: Arc::new(policy),
+            shared: Arc::new(Shared { guard, policy }),
             shadow: false,
         }
     }
@@ -165,15 +173,14 @@ impl<P> GuardLayer<P> {
 
     /// The guard this layer checks.
     pub fn guard(&self) -> &Guard {
-        &self.guard
+        &self.shared.guard
     }
 }
 
 impl<P> Clone for GuardLayer<P> {
     fn clone(&self) -> Self {
         Self {
-            guard: self.guard.clone(),
-            policy: Arc::clone(&self.policy),
+            shared: Arc::clone(&self.shared),
             shadow: self.shadow,
         }
     }
@@ -185,9 +192,8 @@ impl<S, P> Layer<S> for GuardLayer<P> {
     fn layer(&self, inner: S) -> Self::Service {
         GuardService {
             inner,
-            guard: self.guard.clone(),
+            shared: Arc::clone(&self.shared),
             reader: Reader::Unused,
-            policy: Arc::clone(&self.policy),
             shadow: self.shadow,
         }
     }
@@ -196,7 +202,7 @@ impl<S, P> Layer<S> for GuardLayer<P> {
 impl<P> fmt::Debug for GuardLayer<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GuardLayer")
-            .field("guard", &self.guard)
+            .field("guard", &self.shared.guard)
             .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
@@ -211,9 +217,8 @@ impl<P> fmt::Debug for GuardLayer<P> {
 /// the faster path.
 pub struct GuardService<S, P> {
     inner: S,
-    guard: Guard,
+    shared: Arc<Shared<P>>,
     reader: Reader,
-    policy: Arc<P>,
     shadow: bool,
 }
 
@@ -257,34 +262,35 @@ where
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        let Some(key) = self.policy.key(&request) else {
+        let Shared { guard, policy } = &*self.shared;
+        let Some(key) = policy.key(&request) else {
             return ResponseFuture::passed_through(self.inner.call(request));
         };
         let verdict = match &mut self.reader {
             Reader::Cached(reader) => reader.check(&key),
             Reader::UsedOnce => {
-                let mut reader = self.guard.reader();
+                let mut reader = guard.reader();
                 let verdict = reader.check(&key);
                 self.reader = Reader::Cached(reader);
                 verdict
             }
             Reader::Unused => {
                 self.reader = Reader::UsedOnce;
-                self.guard.check(&key)
+                guard.check(&key)
             }
         };
         let answer = match verdict {
             Verdict::Absent if self.shadow => {
-                self.guard.count_shadowed_absent();
+                guard.count_shadowed_absent();
                 None
             }
-            Verdict::Absent => Some(self.policy.absent_response()),
+            Verdict::Absent => Some(policy.absent_response()),
             // A fenced guard's "maybe" is not its filters': never trusted.
-            Verdict::MaybePresent if self.shadow || self.guard.is_fenced() => None,
+            Verdict::MaybePresent if self.shadow || guard.is_fenced() => None,
             Verdict::MaybePresent => {
-                let trusted = self.policy.answer_trusted(&key);
+                let trusted = policy.answer_trusted(&key);
                 if trusted.is_some() {
-                    self.guard.count_unverified_positive();
+                    guard.count_unverified_positive();
                 }
                 trusted
             }
@@ -295,9 +301,8 @@ where
             Some(response) => ResponseFuture::answered(response),
             None => ResponseFuture::called::<Request>(
                 self.inner.call(request),
-                self.guard.clone(),
+                Arc::clone(&self.shared),
                 verdict,
-                Arc::clone(&self.policy),
             ),
         }
     }
@@ -307,9 +312,8 @@ impl<S: Clone, P> Clone for GuardService<S, P> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            guard: self.guard.clone(),
+            shared: Arc::clone(&self.shared),
             reader: Reader::Unused,
-            policy: Arc::clone(&self.policy),
             shadow: self.shadow,
         }
     }
@@ -319,7 +323,7 @@ impl<S: fmt::Debug, P> fmt::Debug for GuardService<S, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GuardService")
             .field("inner", &self.inner)
-            .field("guard", &self.guard)
+            .field("guard", &self.shared.guard)
             .finish_non_exhaustive()
     }
 }

@@ -1,8 +1,9 @@
 //! What `GuardService` adds to a request: the layer over a no-op inner
 //! service against the bare inner service, for absent and maybe-present keys;
 //! and the absent paths users call — the layer on a fresh service clone per
-//! call (as axum's router makes one), `GuardedLoader::get` — against the raw
-//! filter's `contains` on the same filter (issue #16: at least 0.9× its rate).
+//! call (as axum's router makes one), `GuardedLoader::get`, and the
+//! `Guard::check` the loader starts from — against the raw filter's
+//! `contains` on the same filter (issue #16: at least 0.9× its rate).
 //!
 //! ```text
 //! cargo bench --bench layer                                # 100,000 keys

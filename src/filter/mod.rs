@@ -25,8 +25,11 @@ use kernel::Kernel;
 pub const DEFAULT_MAX_BYTES: u64 = 4 << 30;
 
 const WORDS_PER_BLOCK: usize = (BLOCK_BITS / 64) as usize;
-/// Keys hashed ahead in a batch query, so that their cache misses overlap.
-const BATCH_LANES: usize = 16;
+/// Keys hashed ahead in a batch query or insert, so that their cache misses
+/// overlap: each key's block is fetched while the 63 others of its group are
+/// hashed or tested. 64 against 16 measured 1.35-1.4x the absent and 2x the
+/// present batch query past the cache (32M and 100M keys), the same in it.
+const BATCH_LANES: usize = 64;
 
 /// One 512-bit block on its own 64-byte cache line: every probe of a key lands in one.
 #[repr(C, align(64))]
@@ -285,11 +288,11 @@ impl AtomicBloom {
         });
     }
 
-    /// Calls `each(i, hash_of(i))` for `i` in `0..count`, a group of 16 at a
-    /// time: the group's hashes are made first, each block prefetched as its
-    /// hash is made, so that the group's cache misses overlap. Prefetching as
-    /// it goes measured 35 % faster than hashing a whole group first: the
-    /// first misses start sooner.
+    /// Calls `each(i, hash_of(i))` for `i` in `0..count`, a group of
+    /// [`BATCH_LANES`] at a time: the group's hashes are made first, each
+    /// block prefetched as its hash is made, so that the group's cache misses
+    /// overlap. Prefetching as it goes measured 35 % faster than hashing a
+    /// whole group first: the first misses start sooner.
     #[inline]
     fn in_prefetched_groups<const FOR_WRITE: bool>(
         &self,

@@ -226,24 +226,20 @@ impl Guard {
         assert_room_for(keys, out);
         for (keys, out) in keys.chunks(CHECK_GROUP).zip(out.chunks_mut(CHECK_GROUP)) {
             let out = &mut out[..keys.len()];
-            // The caller's `as_ref` runs before the section: code of theirs
-            // inside it could check a guard, and sections do not nest.
-            let mut slices: [&[u8]; CHECK_GROUP] = [&[]; CHECK_GROUP];
-            for (slice, key) in slices.iter_mut().zip(keys) {
-                *slice = key.as_ref();
-            }
-            let slices = &slices[..keys.len()];
+            // The keys' `as_ref` runs inside the section (a key type's that
+            // checks a guard opens a nested section, which is a no-op).
             let counted = sections::with_thread_record(|record| {
-                self.inner
+                let tally = self
+                    .inner
                     .live
-                    .read(record, |live| self.group_verdicts_in(live, slices, out));
-                self.count_verdicts(Some(record.index), out);
+                    .read(record, |live| self.group_verdicts_in(live, keys, out));
+                self.count(Some(record.index), tally);
             });
             if counted.is_none() {
-                self.group_verdicts_in(&self.inner.live.load(), slices, out);
-                self.count_verdicts(None, out);
+                let tally = self.group_verdicts_in(&self.inner.live.load(), keys, out);
+                self.count(None, tally);
             }
-            self.sample_absents(slices, out);
+            self.sample_absents(keys, out);
         }
     }
 
@@ -257,24 +253,37 @@ impl Guard {
         assert_room_for(keys, out);
         for (keys, out) in keys.chunks(CHECK_GROUP).zip(out.chunks_mut(CHECK_GROUP)) {
             let out = &mut out[..keys.len()];
-            self.group_verdicts_in(live, keys, out);
-            self.count_verdicts(None, out);
+            let tally = self.group_verdicts_in(live, keys, out);
+            self.count(None, tally);
             self.sample_absents(keys, out);
         }
     }
 
     /// The verdicts for up to [`CHECK_GROUP`] keys in `live`, the memory
     /// accesses of each filter's probes overlapped (several generations:
-    /// each key hashed once for all), neither counted nor sampled.
-    fn group_verdicts_in<K: AsRef<[u8]>>(&self, live: &LiveSet, keys: &[K], out: &mut [Verdict]) {
+    /// each key hashed once for all), neither counted nor sampled; returns
+    /// their tally, counted from the probes' answers in one pass (a `match`
+    /// per verdict was a second pass over the group).
+    fn group_verdicts_in<K: AsRef<[u8]>>(
+        &self,
+        live: &LiveSet,
+        keys: &[K],
+        out: &mut [Verdict],
+    ) -> VerdictTally {
         let n = keys.len();
+        let mut tally = VerdictTally {
+            checks: n as u64,
+            ..VerdictTally::default()
+        };
         if live.warming || live.generations.is_empty() {
             out.fill(Verdict::Warming);
-            return;
+            tally.warming = n as u64;
+            return tally;
         }
         if live.fenced {
             out.fill(Verdict::MaybePresent);
-            return;
+            tally.maybe_present = n as u64;
+            return tally;
         }
         let mut present = [false; CHECK_GROUP];
         if let [only] = live.generations.as_slice() {
@@ -298,17 +307,9 @@ impl Guard {
         }
         for (verdict, &maybe) in out.iter_mut().zip(&present[..n]) {
             *verdict = present_if(maybe);
+            tally.maybe_present += u64::from(maybe);
         }
-    }
-
-    /// Counts `verdicts`, one addition per counter.
-    #[inline]
-    fn count_verdicts(&self, owner: Option<usize>, verdicts: &[Verdict]) {
-        let mut tally = VerdictTally::default();
-        for &verdict in verdicts {
-            tally.add(verdict);
-        }
-        self.count(owner, tally);
+        tally
     }
 
     /// Adds `tally` to the guard's counters, in the stripe of the thread

@@ -46,13 +46,19 @@ pub(crate) struct Record {
 
 impl Record {
     /// Opens a read section: until it drops, nothing this thread reads
-    /// through [`Published::read`] is freed.
+    /// through [`Published::read`] is freed. Inside a section already (a
+    /// key's `as_ref` that checks a guard), it opens nothing: the outer
+    /// section was open before anything this one reads was loaded, and stays
+    /// open until after this one ends.
     #[inline]
     pub(crate) fn enter(&self) -> Section<'_> {
         let sequence = self.sequence.load(Ordering::Relaxed);
-        // A nested section would close the outer one early, letting a
-        // reclaim free what it reads: no caller's code runs inside one.
-        assert!(sequence.is_multiple_of(2), "read sections do not nest");
+        if !sequence.is_multiple_of(2) {
+            return Section {
+                record: self,
+                closed_at: None,
+            };
+        }
         // Release: a reclaimer that reads this value (having missed the
         // close of the section before) must still see that section's reads
         // done; a relaxed store would not carry them (loom found it).
@@ -62,25 +68,25 @@ impl Record {
         light_barrier();
         Section {
             record: self,
-            closed_at: sequence + 2,
+            closed_at: Some(sequence + 2),
         }
     }
 }
 
-/// An open read section; closes on drop.
+/// An open read section; closes on drop (unless nested in another).
 pub(crate) struct Section<'a> {
     record: &'a Record,
-    closed_at: u64,
+    closed_at: Option<u64>,
 }
 
 impl Drop for Section<'_> {
     #[inline]
     fn drop(&mut self) {
-        // Release: the section's reads happen before a reclaimer that sees
-        // the new value drops anything.
-        self.record
-            .sequence
-            .store(self.closed_at, Ordering::Release);
+        if let Some(closed_at) = self.closed_at {
+            // Release: the section's reads happen before a reclaimer that
+            // sees the new value drops anything.
+            self.record.sequence.store(closed_at, Ordering::Release);
+        }
     }
 }
 
@@ -382,6 +388,27 @@ mod tests {
         read_on_this_thread(&published, |value| {
             assert!(std::ptr::eq(value.0, &second_dropped))
         });
+    }
+
+    /// A section opened inside another (a key's `as_ref` that checks a
+    /// guard, inside `check_many`'s section) must not close the outer one.
+    #[test]
+    fn a_nested_section_leaves_the_outer_one_open() {
+        let (first_dropped, second_dropped) =
+            (StdAtomicBool::new(false), StdAtomicBool::new(false));
+        let published = Published::new(Arc::new(Watched(&first_dropped)), registry());
+        let other = Published::new(Arc::new(0u64), registry());
+        read_on_this_thread(&published, |value| {
+            with_thread_record(|record| other.read(record, |_| ())).expect("a thread record");
+            published.replace(Arc::new(Watched(&second_dropped)));
+            // This thread's own section is the one open: the reclaim waits
+            // it out, gives up, and keeps the value.
+            published.reclaim(Some(Duration::from_millis(20)));
+            assert_eq!(published.retired(), 1, "kept for the outer section");
+            assert!(!value.0.load(std::sync::atomic::Ordering::SeqCst));
+        });
+        published.reclaim(None);
+        assert!(first_dropped.load(std::sync::atomic::Ordering::SeqCst));
     }
 
     #[test]

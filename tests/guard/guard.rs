@@ -1161,9 +1161,10 @@ async fn the_applications_shutdown_token_stops_maintenance() {
 }
 
 /// A key whose `as_ref` checks a guard itself (a key type with logging or
-/// metrics in it could). `check_many` takes the keys' bytes before it reads
-/// the filters, so the inner check is not nested inside its read section
-/// (which, nested, would have let a swap free the filters it was reading).
+/// metrics in it could). `check_many` reads the keys' bytes inside its read
+/// section, so the inner check opens a nested one, which must neither panic
+/// nor close the outer section (that would let a swap free the filters it
+/// is reading: `sections::tests::a_nested_section_leaves_the_outer_one_open`).
 #[test]
 fn a_key_type_that_checks_a_guard_in_as_ref_is_answered() {
     struct Nosy<'a> {

@@ -19,13 +19,11 @@ use std::time::{Duration, Instant};
 mod common;
 
 use bloomguard::AtomicBloom;
-use common::{KeySet, bench_sizes, label, thread_counts};
+use common::{CHUNK, KeySet, bench_sizes, label, thread_counts};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use xxhash_rust::xxh3::xxh3_64;
 
 const TARGET_FPR: f64 = 0.01;
-/// Keys per timed iteration.
-const CHUNK: usize = 64;
 const ABSENT_KEYS: usize = 4_000_000;
 const FPR_PROBES: usize = 1_000_000;
 

@@ -19,71 +19,14 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use bloomguard::{AtomicBloom, Guard, Lifecycle, Verdict};
-use common::{KeySet, bench_sizes, label, thread_counts};
+use common::{CHUNK, KeySet, bench_chunks, bench_sizes, label, thread_counts};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use xxhash_rust::xxh3::xxh3_64;
 
 const TARGET_FPR: f64 = 0.01;
-const CHUNK: usize = 64;
 const ABSENT_KEYS: usize = 4_000_000;
 /// Of every 100 keys checked in the mix, how many are present (seen items).
 const PRESENT_PER_100: usize = 3;
-
-/// `threads` threads each make a worker and run it on 64-key chunks of
-/// their own stretch of `keys`; the iteration's time is the slowest thread's.
-fn bench_chunks<M, W>(
-    group: &mut BenchmarkGroup<'_, WallTime>,
-    id: String,
-    keys: &[&[u8]],
-    threads: usize,
-    make_worker: M,
-) where
-    M: Fn() -> W + Sync,
-    W: FnMut(&[&[u8]]),
-{
-    group.throughput(Throughput::Elements((CHUNK * threads) as u64));
-    group.bench_function(id, |b| {
-        b.iter_custom(|iters| {
-            if threads == 1 {
-                return run_stretch(keys, iters, make_worker());
-            }
-            let barrier = std::sync::Barrier::new(threads);
-            let span = keys.len() / threads;
-            std::thread::scope(|s| {
-                let workers: Vec<_> = keys
-                    .chunks_exact(span)
-                    .take(threads)
-                    .map(|stretch| {
-                        let (barrier, make_worker) = (&barrier, &make_worker);
-                        s.spawn(move || {
-                            let worker = make_worker();
-                            barrier.wait();
-                            run_stretch(stretch, iters, worker)
-                        })
-                    })
-                    .collect();
-                workers
-                    .into_iter()
-                    .map(|w| w.join().unwrap())
-                    .max()
-                    .unwrap()
-            })
-        })
-    });
-}
-
-fn run_stretch(keys: &[&[u8]], iters: u64, mut work: impl FnMut(&[&[u8]])) -> Duration {
-    let mut next = 0;
-    let start = Instant::now();
-    for _ in 0..iters {
-        if next + CHUNK > keys.len() {
-            next = 0;
-        }
-        work(black_box(&keys[next..next + CHUNK]));
-        next += CHUNK;
-    }
-    start.elapsed()
-}
 
 /// A worker that hands a chunk's keys to `check` one at a time.
 fn one_by_one<R>(mut check: impl FnMut(&[u8]) -> R) -> impl FnMut(&[&[u8]]) {

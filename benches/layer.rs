@@ -24,11 +24,10 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bloomguard::{Guard, GuardLayer, GuardedLoader};
-use common::{KeySet, bench_sizes, label};
+use common::{CHUNK, KeySet, bench_sizes, label};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use tower::{Layer, Service, service_fn};
 
-const CHUNK: usize = 64;
 const KEYS: usize = 100_000;
 
 fn poll_ready_now<F: Future>(future: F) -> F::Output {

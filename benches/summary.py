@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Turns criterion's estimates for `benches/filters.rs` and `benches/guard.rs`
-into the tables in BENCHMARKS.md.
+"""Turns criterion's estimates for `benches/filters.rs`, `benches/guard.rs` and
+`benches/memory.rs` into the tables in BENCHMARKS.md.
 
     cargo bench --bench filters && python3 benches/summary.py
     cargo bench --bench guard && python3 benches/summary.py guard
     cargo bench --bench guard -- paths/ && python3 benches/summary.py paths
+    cargo bench --bench memory && python3 benches/summary.py memory
 
 Every timed iteration of that bench handles a fixed number of keys (criterion's
 "throughput"), so ns/key is the mean time divided by that count; the thread
@@ -55,32 +56,52 @@ PATHS = [
     "fastbloom-contains-xxh3", "raw-contains", "raw-contains-many", "guard-check",
     "guard-reader-check", "guard-check-many", "fastbloom-insert-xxh3", "raw-insert",
 ]
-PEER = {"fastbloom-insert-xxh3": "fastbloom-insert-xxh3", "raw-insert": "fastbloom-insert-xxh3"}
+MEMORY_PATHS = [
+    "memory-dependent-load", "memory-random-line-reads", "fastbloom-contains-xxh3",
+    "raw-contains", "raw-contains-many", "guard-check-many",
+]
 
 
-def paths_table():
-    """Aggregate Mops/s of every read path on the seen-items mix, sizes and threads as columns."""
+def rates_table(prefix, paths, references):
+    """Aggregate Mops/s of `paths` in the groups under `prefix`, sizes and threads as
+    columns, then each path's ratio to each reference path at the most threads."""
     rates = {}
     for group, function, mean_ns, keys in estimates():
-        if group.startswith("paths/"):
+        if group.startswith(prefix + "/"):
             path, threads = function.rsplit("/", 1)
             rates[(path, group.split("=")[1], threads)] = keys / mean_ns * 1e3
     sizes = sorted({s for _, s, _ in rates}, key=lambda s: int(s.rstrip("M")))
     counts = sorted({t for _, _, t in rates}, key=lambda t: int(t.rstrip("T")))
     columns = [(size, threads) for size in sizes for threads in counts]
     most = counts[-1]
+    ratio_columns = [(name, size) for name in references for size in sizes]
     print("| path | " + " | ".join(f"{size}, {threads}" for size, threads in columns)
-          + " | " + " | ".join(f"vs fastbloom, {size} {most}" for size in sizes) + " |")
-    print("|---|" + "---:|" * (len(columns) + len(sizes)))
-    for path in PATHS:
+          + " | " + " | ".join(f"vs {name}, {size} {most}" for name, size in ratio_columns) + " |")
+    print("|---|" + "---:|" * (len(columns) + len(ratio_columns)))
+    for path in paths:
         cells = [f"{rates[(path, *c)]:.1f}" if (path, *c) in rates else "–" for c in columns]
-        peer = PEER.get(path, "fastbloom-contains-xxh3")
-        ratios = [
-            f"{rates[(path, size, most)] / rates[(peer, size, most)]:.2f}×"
-            if (path, size, most) in rates and (peer, size, most) in rates else "–"
-            for size in sizes
-        ]
+        ratios = []
+        for name, size in ratio_columns:
+            reference = references[name].get(path, references[name][None])
+            ratios.append(
+                f"{rates[(path, size, most)] / rates[(reference, size, most)]:.2f}×"
+                if (path, size, most) in rates and (reference, size, most) in rates else "–")
         print(f"| {path} | " + " | ".join(cells + ratios) + " |")
+
+
+def paths_table():
+    """Issue #16's table: every read path and insert on the seen-items mix against fastbloom."""
+    fastbloom = {None: "fastbloom-contains-xxh3", "fastbloom-insert-xxh3": "fastbloom-insert-xxh3",
+                 "raw-insert": "fastbloom-insert-xxh3"}
+    rates_table("paths", PATHS, {"fastbloom": fastbloom})
+
+
+def memory_table():
+    """Past the cache: the queries against fastbloom and against the memory's random-read rate."""
+    rates_table("memory", MEMORY_PATHS, {
+        "fastbloom": {None: "fastbloom-contains-xxh3"},
+        "random line reads": {None: "memory-random-line-reads"},
+    })
 
 
 def main():
@@ -92,9 +113,12 @@ def main():
     if sys.argv[1:] == ["paths"]:
         paths_table()
         return
+    if sys.argv[1:] == ["memory"]:
+        memory_table()
+        return
     single, threads = {}, {}
     for group, function, mean_ns, keys in estimates():
-        if group.startswith(("guard/", "paths/")):
+        if group.startswith(("guard/", "paths/", "memory/")):
             continue
         if group.startswith("threads/"):
             count, contender = function.split("/", 1)

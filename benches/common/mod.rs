@@ -2,6 +2,14 @@
 
 #![allow(dead_code)]
 
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkGroup, Throughput, measurement::WallTime};
+
+/// Keys (or other work items) per timed chunk.
+pub(crate) const CHUNK: usize = 64;
+
 /// Keys stored back to back, so that walking them costs the same for everyone.
 pub(crate) struct KeySet {
     bytes: Vec<u8>,
@@ -100,4 +108,61 @@ pub(crate) fn bench_sizes(default: &str) -> Vec<usize> {
                 * scale
         })
         .collect()
+}
+
+/// `threads` threads each make a worker and run it on 64-item chunks of
+/// their own stretch of `items`; the iteration's time is the slowest thread's.
+pub(crate) fn bench_chunks<T, M, W>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    id: String,
+    items: &[T],
+    threads: usize,
+    make_worker: M,
+) where
+    T: Sync,
+    M: Fn() -> W + Sync,
+    W: FnMut(&[T]),
+{
+    group.throughput(Throughput::Elements((CHUNK * threads) as u64));
+    group.bench_function(id, |b| {
+        b.iter_custom(|iters| {
+            if threads == 1 {
+                return run_stretch(items, iters, make_worker());
+            }
+            let barrier = std::sync::Barrier::new(threads);
+            let span = items.len() / threads;
+            std::thread::scope(|s| {
+                let workers: Vec<_> = items
+                    .chunks_exact(span)
+                    .take(threads)
+                    .map(|stretch| {
+                        let (barrier, make_worker) = (&barrier, &make_worker);
+                        s.spawn(move || {
+                            let worker = make_worker();
+                            barrier.wait();
+                            run_stretch(stretch, iters, worker)
+                        })
+                    })
+                    .collect();
+                workers
+                    .into_iter()
+                    .map(|w| w.join().unwrap())
+                    .max()
+                    .unwrap()
+            })
+        })
+    });
+}
+
+fn run_stretch<T>(items: &[T], iters: u64, mut work: impl FnMut(&[T])) -> Duration {
+    let mut next = 0;
+    let start = Instant::now();
+    for _ in 0..iters {
+        if next + CHUNK > items.len() {
+            next = 0;
+        }
+        work(black_box(&items[next..next + CHUNK]));
+        next += CHUNK;
+    }
+    start.elapsed()
 }

@@ -163,7 +163,7 @@ async fn the_loader_reads_one_key_and_batches_in_one_query() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_table_is_a_clear_error_and_a_stuck_call_times_out() {
+async fn a_missing_table_or_bad_sql_is_a_clear_error_and_a_stuck_call_times_out() {
     let server = PostgresServer::start();
     let pool = server.pool().await;
     let guard = guard_from(PgSource::new(pool.clone(), "missing", "id"));
@@ -172,6 +172,9 @@ async fn a_missing_table_is_a_clear_error_and_a_stuck_call_times_out() {
         error.to_string().contains("\"missing\" does not exist"),
         "{error}"
     );
+    let guard = guard_from(PgSource::from_query(pool.clone(), "SELEC id FROM t", "id"));
+    let error = guard.rebuild().await.unwrap_err();
+    assert!(error.to_string().contains("syntax error"), "{error}");
     let loader = PgLoader::<String>::new(pool.clone(), "missing", "id", "name");
     let error = loader.get("1").await.unwrap_err();
     assert!(matches!(error, PgLoadError::Database(_)), "{error}");

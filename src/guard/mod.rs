@@ -220,6 +220,11 @@ impl Guard {
     /// # Ok::<(), bloomguard::ConfigError>(())
     /// ```
     ///
+    /// The keys' `as_ref` runs while the filters are held for reading (once
+    /// per key, and again for an `Absent` one when the guard samples those
+    /// for its staleness check): keep it quick, since a slow one delays the
+    /// freeing of filters a rebuild replaced. It may check a guard itself.
+    ///
     /// # Panics
     /// If `out` is shorter than `keys`.
     pub fn check_many<K: AsRef<[u8]>>(&self, keys: &[K], out: &mut [Verdict]) {

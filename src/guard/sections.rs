@@ -14,8 +14,12 @@
 //! no replaced set alive. A replaced set lives until the sections that were
 //! open when it was replaced have ended; the swap waits up to
 //! [`GRACE_WAIT`] for them (a check takes nanoseconds), and a section held
-//! longer (its thread preempted mid-check) defers the drop to the next
-//! swap or maintenance tick, never longer than that section.
+//! longer (its thread preempted mid-check, or a slow `as_ref` of a key type
+//! in `check_many`, which runs inside the section) defers the drop to the
+//! next swap or maintenance tick, never longer than that section.
+//!
+//! Sections nest: one opened inside another (a key's `as_ref` that checks a
+//! guard) opens nothing, and the outer one covers its reads.
 
 // Under loom the guard reads the slow way; only the models claim records.
 #![cfg_attr(all(bloomguard_loom, not(test)), allow(dead_code))]
@@ -391,20 +395,29 @@ mod tests {
     }
 
     /// A section opened inside another (a key's `as_ref` that checks a
-    /// guard, inside `check_many`'s section) must not close the outer one.
+    /// guard, inside `check_many`'s section) must keep the outer one open,
+    /// both while it reads and after it ends.
     #[test]
     fn a_nested_section_leaves_the_outer_one_open() {
         let (first_dropped, second_dropped) =
             (StdAtomicBool::new(false), StdAtomicBool::new(false));
         let published = Published::new(Arc::new(Watched(&first_dropped)), registry());
         let other = Published::new(Arc::new(0u64), registry());
-        read_on_this_thread(&published, |value| {
-            with_thread_record(|record| other.read(record, |_| ())).expect("a thread record");
-            published.replace(Arc::new(Watched(&second_dropped)));
-            // This thread's own section is the one open: the reclaim waits
-            // it out, gives up, and keeps the value.
+        // This thread's own section is the one open: each reclaim below
+        // waits it out, gives up, and must keep the replaced value.
+        let reclaim_keeps_it = |when: &str| {
             published.reclaim(Some(Duration::from_millis(20)));
-            assert_eq!(published.retired(), 1, "kept for the outer section");
+            assert_eq!(published.retired(), 1, "kept {when}");
+        };
+        read_on_this_thread(&published, |value| {
+            with_thread_record(|record| {
+                other.read(record, |_| {
+                    published.replace(Arc::new(Watched(&second_dropped)));
+                    reclaim_keeps_it("while the nested section reads");
+                })
+            })
+            .expect("a thread record");
+            reclaim_keeps_it("after the nested section ended");
             assert!(!value.0.load(std::sync::atomic::Ordering::SeqCst));
         });
         published.reclaim(None);

@@ -19,7 +19,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use bloomguard::{AtomicBloom, Guard, Lifecycle, Verdict};
-use common::{CHUNK, KeySet, bench_chunks, bench_sizes, label, thread_counts};
+use common::{CHUNK, KeySet, bench_chunks, bench_sizes, label, slowest_of, thread_counts};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -239,23 +239,7 @@ fn bench_inserts<T: Sync>(
                 elapsed += if threads == 1 {
                     run(stretch(0))
                 } else {
-                    let barrier = std::sync::Barrier::new(threads);
-                    std::thread::scope(|s| {
-                        let workers: Vec<_> = (0..threads)
-                            .map(|t| {
-                                let (barrier, run, stretch) = (&barrier, &run, stretch(t));
-                                s.spawn(move || {
-                                    barrier.wait();
-                                    run(stretch)
-                                })
-                            })
-                            .collect();
-                        workers
-                            .into_iter()
-                            .map(|w| w.join().unwrap())
-                            .max()
-                            .unwrap()
-                    })
+                    slowest_of(threads, stretch, run)
                 };
                 inserted += take;
                 left -= take;

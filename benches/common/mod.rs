@@ -129,29 +129,41 @@ pub(crate) fn bench_chunks<T, M, W>(
             if threads == 1 {
                 return run_stretch(items, iters, make_worker());
             }
-            let barrier = std::sync::Barrier::new(threads);
             let span = items.len() / threads;
-            std::thread::scope(|s| {
-                let workers: Vec<_> = items
-                    .chunks_exact(span)
-                    .take(threads)
-                    .map(|stretch| {
-                        let (barrier, make_worker) = (&barrier, &make_worker);
-                        s.spawn(move || {
-                            let worker = make_worker();
-                            barrier.wait();
-                            run_stretch(stretch, iters, worker)
-                        })
-                    })
-                    .collect();
-                workers
-                    .into_iter()
-                    .map(|w| w.join().unwrap())
-                    .max()
-                    .unwrap()
-            })
+            slowest_of(
+                threads,
+                |t| (make_worker(), &items[t * span..][..span]),
+                |(worker, stretch)| run_stretch(stretch, iters, worker),
+            )
         })
     });
+}
+
+/// Runs `threads` threads that each `prepare` (untimed), wait for the others,
+/// then `run` what they prepared; returns the slowest thread's time.
+pub(crate) fn slowest_of<P>(
+    threads: usize,
+    prepare: impl Fn(usize) -> P + Sync,
+    run: impl Fn(P) -> Duration + Sync,
+) -> Duration {
+    let barrier = std::sync::Barrier::new(threads);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (barrier, prepare, run) = (&barrier, &prepare, &run);
+                s.spawn(move || {
+                    let prepared = prepare(t);
+                    barrier.wait();
+                    run(prepared)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap())
+            .max()
+            .unwrap()
+    })
 }
 
 fn run_stretch<T>(items: &[T], iters: u64, mut work: impl FnMut(&[T])) -> Duration {

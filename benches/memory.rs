@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 use bloomguard::{Guard, Verdict};
 use common::{CHUNK, KeySet, bench_chunks, bench_sizes, label, thread_counts};
 use criterion::{Criterion, SamplingMode};
+use rand::{Rng as _, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use xxhash_rust::xxh3::xxh3_64;
 
 const TARGET_FPR: f64 = 0.01;
@@ -51,25 +53,16 @@ fn fill_on_every_core(n: usize, fill: impl Fn(std::ops::Range<u64>) + Sync) {
 /// A buffer of `lines` cache lines whose first words link every line into
 /// one random cycle (Sattolo's shuffle), so a walk visits them all before
 /// it repeats and no prefetcher can guess the next one.
-fn random_cycle(lines: usize, seed: u64) -> Vec<u64> {
+fn random_cycle(lines: usize, rng: &mut ChaCha8Rng) -> Vec<u64> {
     let mut next: Vec<u32> = (0..u32::try_from(lines).expect("lines fit in u32")).collect();
-    let mut state = seed;
     for i in (1..lines).rev() {
-        state = splitmix64(state);
-        next.swap(i, (state % i as u64) as usize);
+        next.swap(i, rng.random_range(0..i));
     }
     let mut buffer = vec![0u64; lines * LINE_WORDS];
     for (line, &to) in next.iter().enumerate() {
         buffer[line * LINE_WORDS] = u64::from(to);
     }
     buffer
-}
-
-fn splitmix64(state: u64) -> u64 {
-    let mut z = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 fn main() {
@@ -100,9 +93,10 @@ fn main() {
             }
         });
         let lines = raw.memory_bytes() / 64;
-        let buffer = random_cycle(lines, 7);
-        let random_lines: Vec<u32> = (0..PROBES as u64)
-            .map(|i| (splitmix64(i ^ 0x5eed) % lines as u64) as u32)
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let buffer = random_cycle(lines, &mut rng);
+        let random_lines: Vec<u32> = (0..PROBES)
+            .map(|_| rng.random_range(0..lines as u32))
             .collect();
         eprintln!(
             "n={}: bloomguard {:.2} GB (k = {}), fastbloom {:.2} GB (k = {}), buffer {:.2} GB; set up in {:.0?}",

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use bloomguard::AtomicBloom;
-use common::{CHUNK, KeySet, bench_sizes, label, thread_counts};
+use common::{CHUNK, KeySet, bench_sizes, label, slowest_of, thread_counts};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -415,37 +415,30 @@ fn bench_threads<C: Contender>(
     group.throughput(Throughput::Elements((CHUNK * threads) as u64));
     group.bench_function(format!("{threads}T/{name}"), |b| {
         b.iter_custom(|iters| {
-            let barrier = std::sync::Barrier::new(threads);
-            let elapsed: Vec<Duration> = std::thread::scope(|s| {
-                let workers: Vec<_> = (0..threads)
-                    .map(|t| {
-                        let barrier = &barrier;
-                        s.spawn(move || {
-                            let span = workload.present.len().min(workload.absent.len()) / threads;
-                            let mut next = t * span;
-                            barrier.wait();
-                            let start = Instant::now();
-                            for round in 0..iters as usize {
-                                let keys = if round % 2 == 0 {
-                                    &workload.present
-                                } else {
-                                    &workload.absent
-                                };
-                                if next + CHUNK > (t + 1) * span {
-                                    next = t * span;
-                                }
-                                for i in next..next + CHUNK {
-                                    black_box(filter.contains(keys.get(i)));
-                                }
-                                next += CHUNK;
-                            }
-                            start.elapsed()
-                        })
-                    })
-                    .collect();
-                workers.into_iter().map(|w| w.join().unwrap()).collect()
-            });
-            elapsed.into_iter().max().unwrap()
+            let span = workload.present.len().min(workload.absent.len()) / threads;
+            slowest_of(
+                threads,
+                |t| t,
+                |t| {
+                    let mut next = t * span;
+                    let start = Instant::now();
+                    for round in 0..iters as usize {
+                        let keys = if round % 2 == 0 {
+                            &workload.present
+                        } else {
+                            &workload.absent
+                        };
+                        if next + CHUNK > (t + 1) * span {
+                            next = t * span;
+                        }
+                        for i in next..next + CHUNK {
+                            black_box(filter.contains(keys.get(i)));
+                        }
+                        next += CHUNK;
+                    }
+                    start.elapsed()
+                },
+            )
         })
     });
 }

@@ -564,6 +564,34 @@ mod loom_tests {
         });
     }
 
+    /// A section nested in another (a key's `as_ref` that checks a second
+    /// guard inside `check_many`'s section) opens nothing: the outer one,
+    /// open since before the nested read's load, keeps what it reads alive
+    /// while the second guard swaps and reclaims.
+    #[test]
+    fn a_nested_section_is_covered_by_the_outer_one() {
+        bounded().check(|| {
+            let (registry, outer) = published_value();
+            let inner = LoomArc::new(Published::new(
+                Arc::new(Value(UnsafeCell::new(1))),
+                registry,
+            ));
+            let reader = {
+                let (outer, inner) = (LoomArc::clone(&outer), LoomArc::clone(&inner));
+                loom::thread::spawn(move || {
+                    let record = registry.claim();
+                    let seen = outer.read(record, |_| inner.read(record, Value::get));
+                    Registry::release(record);
+                    seen
+                })
+            };
+            inner.replace(Arc::new(Value(UnsafeCell::new(2))));
+            inner.reclaim(None);
+            let seen = reader.join().unwrap();
+            assert!(seen == 1 || seen == 2, "read {seen}");
+        });
+    }
+
     /// A check that starts after a swap returned reads the new value.
     #[test]
     fn a_section_after_a_replace_reads_the_new_value() {

@@ -18,8 +18,11 @@ mod common;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use bloomguard::{AtomicBloom, Guard, Lifecycle, Verdict};
-use common::{CHUNK, KeySet, bench_chunks, bench_sizes, label, slowest_of, thread_counts};
+use bloomguard::{AtomicBloom, Guard, Lifecycle};
+use common::{
+    CHUNK, KeySet, bench_chunks, bench_sizes, guard_batches, label, one_by_one, raw_batches,
+    slowest_of, thread_counts,
+};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -27,33 +30,6 @@ const TARGET_FPR: f64 = 0.01;
 const ABSENT_KEYS: usize = 4_000_000;
 /// Of every 100 keys checked in the mix, how many are present (seen items).
 const PRESENT_PER_100: usize = 3;
-
-/// A worker that hands a chunk's keys to `check` one at a time.
-fn one_by_one<R>(mut check: impl FnMut(&[u8]) -> R) -> impl FnMut(&[&[u8]]) {
-    move |chunk| {
-        for key in chunk {
-            black_box(check(black_box(key)));
-        }
-    }
-}
-
-/// A worker that checks a chunk with `contains_many`.
-fn raw_batches(raw: &AtomicBloom) -> impl FnMut(&[&[u8]]) {
-    let mut found = [false; CHUNK];
-    move |chunk| {
-        raw.contains_many(chunk, &mut found);
-        black_box(&found);
-    }
-}
-
-/// A worker that checks a chunk with `check_many`.
-fn guard_batches(guard: &Guard) -> impl FnMut(&[&[u8]]) {
-    let mut verdicts = [Verdict::Warming; CHUNK];
-    move |chunk| {
-        guard.check_many(chunk, &mut verdicts);
-        black_box(&verdicts);
-    }
-}
 
 /// The paths of issue #16's table on the seen-items mix (3 keys in 100
 /// present), fastbloom's atomic filter fed xxh3 beside them, at every

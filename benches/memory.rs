@@ -11,7 +11,7 @@
 //!   rate a query that touches one line per key can reach.
 //!
 //! ```text
-//! cargo bench --bench memory      # 1,000M keys: 2 filters + the buffer, ~3.6 GB; ~4 minutes on 2 cores
+//! cargo bench --bench memory      # 1,000M keys: 2 filters + the buffer, ~3.6 GB; ~3 minutes on 2 cores
 //! BLOOMGUARD_BENCH_SIZES=100M BLOOMGUARD_BENCH_THREADS=1,2,4,8,16 cargo bench --bench memory
 //! python3 benches/summary.py memory
 //! ```
@@ -26,8 +26,10 @@ mod common;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use bloomguard::{Guard, Verdict};
-use common::{CHUNK, KeySet, bench_chunks, bench_sizes, label, thread_counts};
+use bloomguard::Guard;
+use common::{
+    KeySet, bench_chunks, bench_sizes, guard_batches, label, one_by_one, raw_batches, thread_counts,
+};
 use criterion::{Criterion, SamplingMode};
 use rand::{Rng as _, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -154,40 +156,20 @@ fn main() {
                 id("fastbloom-contains-xxh3"),
                 &probes,
                 threads,
-                || {
-                    move |chunk: &[&[u8]]| {
-                        for key in chunk {
-                            black_box(fastbloom.contains_hash(xxh3_64(key)));
-                        }
-                    }
-                },
+                || one_by_one(|k| fastbloom.contains_hash(xxh3_64(k))),
             );
             bench_chunks(&mut group, id("raw-contains"), &probes, threads, || {
-                move |chunk: &[&[u8]]| {
-                    for key in chunk {
-                        black_box(raw.contains(key));
-                    }
-                }
+                one_by_one(|k| raw.contains(k))
             });
             bench_chunks(
                 &mut group,
                 id("raw-contains-many"),
                 &probes,
                 threads,
-                || {
-                    let mut found = [false; CHUNK];
-                    move |chunk: &[&[u8]]| {
-                        raw.contains_many(chunk, &mut found);
-                        black_box(&found);
-                    }
-                },
+                || raw_batches(raw),
             );
             bench_chunks(&mut group, id("guard-check-many"), &probes, threads, || {
-                let mut verdicts = [Verdict::Warming; CHUNK];
-                move |chunk: &[&[u8]]| {
-                    guard.check_many(chunk, &mut verdicts);
-                    black_box(&verdicts);
-                }
+                guard_batches(guard)
             });
         }
         group.finish();

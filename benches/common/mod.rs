@@ -5,6 +5,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use bloomguard::{AtomicBloom, Guard, Verdict};
 use criterion::{BenchmarkGroup, Throughput, measurement::WallTime};
 
 /// Keys (or other work items) per timed chunk.
@@ -164,6 +165,33 @@ pub(crate) fn slowest_of<P>(
             .max()
             .unwrap()
     })
+}
+
+/// A worker that hands a chunk's keys to `check` one at a time.
+pub(crate) fn one_by_one<R>(mut check: impl FnMut(&[u8]) -> R) -> impl FnMut(&[&[u8]]) {
+    move |chunk| {
+        for key in chunk {
+            black_box(check(black_box(key)));
+        }
+    }
+}
+
+/// A worker that checks a chunk with `contains_many`.
+pub(crate) fn raw_batches(raw: &AtomicBloom) -> impl FnMut(&[&[u8]]) {
+    let mut found = [false; CHUNK];
+    move |chunk| {
+        raw.contains_many(chunk, &mut found);
+        black_box(&found);
+    }
+}
+
+/// A worker that checks a chunk with `check_many`.
+pub(crate) fn guard_batches(guard: &Guard) -> impl FnMut(&[&[u8]]) {
+    let mut verdicts = [Verdict::Warming; CHUNK];
+    move |chunk| {
+        guard.check_many(chunk, &mut verdicts);
+        black_box(&verdicts);
+    }
 }
 
 fn run_stretch<T>(items: &[T], iters: u64, mut work: impl FnMut(&[T])) -> Duration {

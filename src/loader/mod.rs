@@ -309,17 +309,14 @@ where
     /// backend call.
     pub fn contains(&self, key: K) -> impl Future<Output = Result<bool, Arc<L::Error>>> + '_ {
         let verdict = self.inner.guard.check(key.as_ref());
-        let known = match self.route(&key, verdict, self.verify) {
-            Route::Absent => false,
-            Route::Trusted => true,
+        match self.route(&key, verdict, self.verify) {
+            Route::Absent => Either::Left(std::future::ready(Ok(false))),
+            Route::Trusted => Either::Left(std::future::ready(Ok(true))),
             // Boxed for the reason `get` gives.
-            Route::Ask => {
-                return Either::Right(Box::pin(async move {
-                    Ok(self.ask(&key, verdict).await?.is_some())
-                }));
-            }
-        };
-        Either::Left(std::future::ready(Ok(known)))
+            Route::Ask => Either::Right(Box::pin(async move {
+                Ok(self.ask(&key, verdict).await?.is_some())
+            })),
+        }
     }
 
     /// Loads each of `keys` the guard does not rule out, with one

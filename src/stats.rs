@@ -96,8 +96,9 @@ impl<const N: usize> std::fmt::Debug for StripedCounters<N> {
 /// last stripe, added to atomically.
 #[cfg(feature = "guard")]
 pub(crate) struct ThreadCounters<const N: usize> {
-    /// The owned stripes, then the shared one.
-    stripes: Box<[Stripe<N>]>,
+    /// One per record index below their number.
+    owned: Box<[Stripe<N>]>,
+    shared: Stripe<N>,
 }
 
 #[cfg(feature = "guard")]
@@ -108,10 +109,11 @@ impl<const N: usize> ThreadCounters<N> {
             .saturating_mul(4)
             .next_power_of_two()
             .clamp(16, 256);
-        let stripes = (0..=owned)
-            .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))))
-            .collect();
-        Self { stripes }
+        let stripe = || CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0)));
+        Self {
+            owned: (0..owned).map(|_| stripe()).collect(),
+            shared: stripe(),
+        }
     }
 
     /// Adds `n` to `counter` for the calling thread.
@@ -127,28 +129,28 @@ impl<const N: usize> ThreadCounters<N> {
     /// (the calling thread's own).
     #[inline(always)]
     pub(crate) fn add_for(&self, index: usize, counter: usize, n: u64) {
-        let shared = self.stripes.len() - 1;
-        if index < shared {
-            // Only this thread writes this stripe: a reader summing meanwhile
-            // sees the old value or the new one.
-            let count = &self.stripes[index][counter];
-            count.store(
-                count.load(Ordering::Relaxed).wrapping_add(n),
-                Ordering::Relaxed,
-            );
-        } else {
-            self.add_shared(counter, n);
+        match self.owned.get(index) {
+            Some(stripe) => {
+                // Only this thread writes this stripe: a reader summing
+                // meanwhile sees the old value or the new one.
+                let count = &stripe[counter];
+                count.store(
+                    count.load(Ordering::Relaxed).wrapping_add(n),
+                    Ordering::Relaxed,
+                );
+            }
+            None => self.add_shared(counter, n),
         }
     }
 
     fn add_shared(&self, counter: usize, n: u64) {
-        let shared = self.stripes.len() - 1;
-        self.stripes[shared][counter].fetch_add(n, Ordering::Relaxed);
+        self.shared[counter].fetch_add(n, Ordering::Relaxed);
     }
 
     pub(crate) fn sum(&self, counter: usize) -> u64 {
-        self.stripes
+        self.owned
             .iter()
+            .chain([&self.shared])
             .map(|s| s[counter].load(Ordering::Relaxed))
             .fold(0, u64::wrapping_add)
     }

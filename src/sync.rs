@@ -19,14 +19,16 @@ pub(crate) use std::sync::{Mutex, MutexGuard};
 
 #[cfg(all(not(bloomguard_loom), feature = "guard"))]
 pub(crate) use process_barrier::{
-    heavy as heavy_barrier, light as light_barrier, strategy as decide_barrier_strategy,
+    heavy as heavy_barrier, light as light_barrier, light_is_enough as read_sections_serve,
 };
 
 /// Asymmetric barriers for read sections (`guard::sections`): the reading
 /// side's `light` pairs with the reclaiming side's `heavy` as two `SeqCst`
 /// fences would. On Linux with `membarrier(2)`'s private expedited command
 /// (4.14+), `heavy` makes every running thread of the process execute a
-/// full barrier, so `light` is a compiler fence; elsewhere both are fences.
+/// full barrier, so `light` is a compiler fence. Elsewhere no thread opens
+/// read sections ([`light_is_enough`] says `false`), so `light` never needs
+/// to be more, and a check tests nothing to find out which it is.
 /// Kept here: the `membarrier` crate links Windows libraries on Linux.
 #[cfg(all(not(bloomguard_loom), feature = "guard"))]
 mod process_barrier {
@@ -38,13 +40,16 @@ mod process_barrier {
 
     static STRATEGY: AtomicU8 = AtomicU8::new(UNDECIDED);
 
+    /// The reading side, for threads that saw [`light_is_enough`] say `true`.
     #[inline]
     pub(crate) fn light() {
-        if STRATEGY.load(Ordering::Acquire) == MEMBARRIER {
-            compiler_fence(Ordering::SeqCst);
-        } else {
-            fence(Ordering::SeqCst);
-        }
+        compiler_fence(Ordering::SeqCst);
+    }
+
+    /// Whether `membarrier` serves, so that read sections may be opened
+    /// (decided on the first call).
+    pub(crate) fn light_is_enough() -> bool {
+        strategy() == MEMBARRIER
     }
 
     /// `false` when no barrier could be made: the caller then frees nothing.
@@ -59,10 +64,8 @@ mod process_barrier {
     }
 
     /// Decides once whether `membarrier` serves (registering the process
-    /// for it); until then `light` is a full fence, which pairs with either.
-    /// Once `MEMBARRIER` is decided it never changes: readers that saw it
-    /// use compiler fences from then on.
-    pub(crate) fn strategy() -> u8 {
+    /// for it); the decision never changes.
+    fn strategy() -> u8 {
         let decided = STRATEGY.load(Ordering::Acquire);
         if decided != UNDECIDED {
             return decided;

@@ -47,7 +47,7 @@ pub(crate) struct LiveState {
 
 impl LiveState {
     pub(crate) fn new(set: LiveSet) -> Self {
-        let set = Arc::new(set);
+        let set = Arc::new(set.answering_found());
         Self {
             checked: Published::new(Arc::clone(&set), sections::registry()),
             set: ArcSwap::new(set),
@@ -78,7 +78,8 @@ impl LiveState {
     /// Makes `next` the set, for checks first: an insert that loads the new
     /// set happens after it, so a check after that insert reads the new set
     /// too. Callers hold the swap lock.
-    fn publish(&self, next: Arc<LiveSet>) {
+    fn publish(&self, next: LiveSet) {
+        let next = Arc::new(next.answering_found());
         self.checked.replace(Arc::clone(&next));
         self.set.store(next);
         self.checked.reclaim(Some(sections::GRACE_WAIT));
@@ -117,7 +118,7 @@ impl LiveState {
     pub(crate) fn install_shadow(&self, shadow: Arc<Shadow>) {
         let _swap = lock(&self.swap_lock);
         let set = self.set.load();
-        self.publish(Arc::new(set.with_shadow(Some(shadow))));
+        self.publish(set.with_shadow(Some(shadow)));
     }
 
     /// Makes the shadow the only live filter and ends warming. Refused
@@ -135,7 +136,7 @@ impl LiveState {
             let set = self.set.load();
             let mut rebuilt = set.serving(vec![Arc::clone(&shadow.generation)]);
             rebuilt.shadow = None;
-            self.publish(Arc::new(rebuilt));
+            self.publish(rebuilt);
         }
         // Writes that counted on the shadow while it was built are in the
         // live filter now, but not in the next rebuild's.
@@ -149,7 +150,7 @@ impl LiveState {
             let _swap = lock(&self.swap_lock);
             let set = self.set.load();
             if set.shadow.as_ref().is_some_and(|s| Arc::ptr_eq(s, shadow)) {
-                self.publish(Arc::new(set.with_shadow(None)));
+                self.publish(set.with_shadow(None));
             }
         }
         // Writes that counted on the shadow are only in the live filters
@@ -176,7 +177,7 @@ impl LiveState {
         let keep_from = (set.generations.len() + 1).saturating_sub(keep);
         let mut kept = set.generations[keep_from..].to_vec();
         kept.push(Arc::new(fresh));
-        self.publish(Arc::new(set.replaced(kept)));
+        self.publish(set.replaced(kept));
     }
 
     /// Adds the generation `open` makes after `full`, unless another insert
@@ -197,7 +198,7 @@ impl LiveState {
         if let Some(next) = open() {
             let mut generations = set.generations.clone();
             generations.push(Arc::new(next));
-            self.publish(Arc::new(set.replaced(generations)));
+            self.publish(set.replaced(generations));
         }
     }
 
@@ -234,7 +235,7 @@ impl LiveState {
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
         if set.newest().is_none() {
-            self.publish(Arc::new(set.replaced(vec![Arc::new(first(filter))])));
+            self.publish(set.replaced(vec![Arc::new(first(filter))]));
         }
         Ok(())
     }
@@ -246,10 +247,10 @@ impl LiveState {
         let _swap = lock(&self.swap_lock);
         let set = self.set.load();
         if set.fenced != fenced {
-            self.publish(Arc::new(LiveSet {
+            self.publish(LiveSet {
                 fenced,
                 ..set.with_shadow(set.shadow.clone())
-            }));
+            });
         }
     }
 
@@ -266,7 +267,7 @@ impl LiveState {
         let mut next = set.replaced(generations);
         next.fenced = true;
         next.warming &= !covers_the_store;
-        self.publish(Arc::new(next));
+        self.publish(next);
     }
 }
 
@@ -304,6 +305,13 @@ pub(crate) struct LiveSet {
     pub(crate) fenced: bool,
     /// Changes whenever `generations` does.
     pub(crate) number: u64,
+    /// The filter every check answers from when there is exactly one, and
+    /// neither warming nor a fence overrides it (the usual case): reached in
+    /// one load from the flags' line, where `generations` takes two and
+    /// three tests. Set as the set is published ([`Self::answering_found`]),
+    /// after every other field is final; `None` sends checks the long way,
+    /// which answers the same.
+    pub(crate) answering: Option<Arc<Generation>>,
 }
 
 impl LiveSet {
@@ -314,6 +322,7 @@ impl LiveSet {
             shadow: None,
             fenced: false,
             number: 0,
+            answering: None,
         }
     }
 
@@ -323,6 +332,16 @@ impl LiveSet {
             warming: false,
             ..self.replaced(generations)
         }
+    }
+
+    /// The set with [`answering`](Self::answering) derived from its other
+    /// fields, which must not change after this.
+    fn answering_found(self) -> Self {
+        let answering = match self.generations.as_slice() {
+            [only] if !self.warming && !self.fenced => Some(Arc::clone(only)),
+            _ => None,
+        };
+        Self { answering, ..self }
     }
 
     pub(crate) fn newest(&self) -> Option<&Arc<Generation>> {
@@ -337,6 +356,7 @@ impl LiveSet {
             shadow,
             fenced: self.fenced,
             number: self.number,
+            answering: None,
         }
     }
 
@@ -348,6 +368,7 @@ impl LiveSet {
             shadow: self.shadow.clone(),
             fenced: self.fenced,
             number: self.number + 1,
+            answering: None,
         }
     }
 
@@ -458,6 +479,54 @@ mod tests {
             "the next check reads the new set"
         );
         sections::Registry::release(record);
+    }
+
+    /// The filter a check answers from without looking at the flags is set
+    /// exactly when they allow it: a stale one would answer a fenced or
+    /// warming guard's checks from the filter (a false `Absent`).
+    #[test]
+    fn the_answering_filter_follows_every_change() {
+        fn assert_derived(state: &LiveState, what: &str) {
+            let set = state.load_full();
+            let expected = match set.generations.as_slice() {
+                [only] if !set.warming && !set.fenced => Some(Arc::as_ptr(only)),
+                _ => None,
+            };
+            assert_eq!(set.answering.as_ref().map(Arc::as_ptr), expected, "{what}");
+        }
+        let state = LiveState::new(LiveSet::warming());
+        assert_derived(&state, "warming, no filter");
+        let merged = FilterBuilder::for_items(1_000, 0.01)
+            .seed(7)
+            .build()
+            .unwrap();
+        state
+            .merge(merged, 7, |filter| Generation::new(filter, 1_000, 0.01))
+            .unwrap();
+        assert_derived(&state, "warming with a merged filter");
+        let shadow = Arc::new(Shadow {
+            generation: Arc::new(generation()),
+            writes: Arc::new(WriteTracker::new()),
+            missed_a_merge: AtomicBool::new(false),
+        });
+        state.install_shadow(Arc::clone(&shadow));
+        assert_derived(&state, "a shadow installed while warming");
+        assert!(state.commit_shadow(&shadow));
+        assert_derived(&state, "warming ended by a commit");
+        assert!(state.load().answering.is_some());
+        state.rotate(2, generation);
+        assert_derived(&state, "two generations");
+        state.rotate(1, generation);
+        assert_derived(&state, "one generation again");
+        #[cfg(feature = "redis")]
+        {
+            state.set_fenced(true);
+            assert_derived(&state, "fenced");
+            state.set_fenced(false);
+            assert_derived(&state, "unfenced");
+            state.replace_fenced(vec![Arc::new(generation())], true);
+            assert_derived(&state, "replaced and fenced");
+        }
     }
 
     #[test]

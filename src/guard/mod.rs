@@ -355,7 +355,7 @@ impl Guard {
         // The usual case inline, the rest out of line: every instruction on
         // a check's path takes room in the CPU's window, which on a filter
         // larger than the cache decides how many checks' misses overlap.
-        if let ([only], false, false) = (live.generations.as_slice(), live.warming, live.fenced) {
+        if let Some(only) = &live.answering {
             return present_if(only.filter.contains(key));
         }
         self.verdict_in_any(live, key)

@@ -9,6 +9,8 @@
 //! swap, [`Published::reclaim`] issues one process-wide barrier
 //! (`membarrier(2)` on Linux, see `crate::sync`) and waits for
 //! the sections open at that moment to end, then drops the sets it replaced.
+//! Where `membarrier` does not serve, no thread claims a record, and checks
+//! read through the `ArcSwap` instead.
 //!
 //! Memory: a thread holds nothing between checks, so an idle thread keeps
 //! no replaced set alive. A replaced set lives until the sections that were
@@ -142,8 +144,6 @@ impl Registry {
                 return record;
             }
         }
-        #[cfg(not(bloomguard_loom))]
-        crate::sync::decide_barrier_strategy();
         let record: &Record = Box::leak(Box::new(Record {
             sequence: AtomicU64::new(0),
             claimed: AtomicBool::new(true),
@@ -244,6 +244,12 @@ pub(crate) fn with_thread_record<R>(f: impl FnOnce(&'static Record) -> R) -> Opt
 #[cfg(not(bloomguard_loom))]
 #[cold]
 fn claim_for_this_thread() -> Option<&'static Record> {
+    // Without `membarrier`, a section's compiler fence would not pair with
+    // the reclaimer's barrier: no thread claims a record, and every check
+    // reads the slow way.
+    if !crate::sync::read_sections_serve() {
+        return None;
+    }
     let record = RELEASE_AT_EXIT.try_with(|claimed| claimed.0).ok()?;
     CLAIMED.set(Some(record));
     Some(record)

@@ -19,16 +19,17 @@ pub(crate) use std::sync::{Mutex, MutexGuard};
 
 #[cfg(all(not(bloomguard_loom), feature = "guard"))]
 pub(crate) use process_barrier::{
-    heavy as heavy_barrier, light as light_barrier, light_is_enough as read_sections_serve,
+    heavy as heavy_barrier, light as light_barrier, light_is_enough as light_barrier_is_enough,
 };
 
 /// Asymmetric barriers for read sections (`guard::sections`): the reading
 /// side's `light` pairs with the reclaiming side's `heavy` as two `SeqCst`
 /// fences would. On Linux with `membarrier(2)`'s private expedited command
 /// (4.14+), `heavy` makes every running thread of the process execute a
-/// full barrier, so `light` is a compiler fence. Elsewhere no thread opens
-/// read sections ([`light_is_enough`] says `false`), so `light` never needs
-/// to be more, and a check tests nothing to find out which it is.
+/// full barrier, so `light` is a compiler fence; elsewhere both are fences.
+/// Which one `light` is, each reader's record says ([`light_is_enough`],
+/// copied when the record is made): a byte on a line the check touches
+/// anyway, not a global loaded on every check.
 /// Kept here: the `membarrier` crate links Windows libraries on Linux.
 #[cfg(all(not(bloomguard_loom), feature = "guard"))]
 mod process_barrier {
@@ -40,13 +41,18 @@ mod process_barrier {
 
     static STRATEGY: AtomicU8 = AtomicU8::new(UNDECIDED);
 
-    /// The reading side, for threads that saw [`light_is_enough`] say `true`.
+    /// The reading side: `light_is_enough` is what [`light_is_enough`]
+    /// said (it never changes once said).
     #[inline]
-    pub(crate) fn light() {
-        compiler_fence(Ordering::SeqCst);
+    pub(crate) fn light(light_is_enough: bool) {
+        if light_is_enough {
+            compiler_fence(Ordering::SeqCst);
+        } else {
+            fence(Ordering::SeqCst);
+        }
     }
 
-    /// Whether `membarrier` serves, so that read sections may be opened
+    /// Whether `membarrier` serves, so that `light` may be a compiler fence
     /// (decided on the first call).
     pub(crate) fn light_is_enough() -> bool {
         strategy() == MEMBARRIER
@@ -127,8 +133,13 @@ mod process_barrier {
 /// Under loom both sides are `SeqCst` fences: the pairing `membarrier`
 /// gives, which loom can check.
 #[cfg(bloomguard_loom)]
-pub(crate) fn light_barrier() {
+pub(crate) fn light_barrier(_light_is_enough: bool) {
     fence(Ordering::SeqCst);
+}
+
+#[cfg(bloomguard_loom)]
+pub(crate) fn light_barrier_is_enough() -> bool {
+    false
 }
 
 #[cfg(bloomguard_loom)]

@@ -494,6 +494,13 @@ mod tests {
             };
             assert_eq!(set.answering.as_ref().map(Arc::as_ptr), expected, "{what}");
         }
+        let new_shadow = || {
+            Arc::new(Shadow {
+                generation: Arc::new(generation()),
+                writes: Arc::new(WriteTracker::new()),
+                missed_a_merge: AtomicBool::new(false),
+            })
+        };
         let state = LiveState::new(LiveSet::warming());
         assert_derived(&state, "warming, no filter");
         let merged = FilterBuilder::for_items(1_000, 0.01)
@@ -504,11 +511,7 @@ mod tests {
             .merge(merged, 7, |filter| Generation::new(filter, 1_000, 0.01))
             .unwrap();
         assert_derived(&state, "warming with a merged filter");
-        let shadow = Arc::new(Shadow {
-            generation: Arc::new(generation()),
-            writes: Arc::new(WriteTracker::new()),
-            missed_a_merge: AtomicBool::new(false),
-        });
+        let shadow = new_shadow();
         state.install_shadow(Arc::clone(&shadow));
         assert_derived(&state, "a shadow installed while warming");
         assert!(state.commit_shadow(&shadow));
@@ -518,6 +521,14 @@ mod tests {
         assert_derived(&state, "two generations");
         state.rotate(1, generation);
         assert_derived(&state, "one generation again");
+        let shadow = new_shadow();
+        state.install_shadow(Arc::clone(&shadow));
+        assert_derived(&state, "a shadow installed while serving");
+        state.abandon_shadow(&shadow);
+        assert_derived(&state, "the shadow abandoned");
+        let newest = Arc::clone(state.load().newest().unwrap());
+        state.grow(&newest, 3, || Some(generation()));
+        assert_derived(&state, "grown to two generations");
         #[cfg(feature = "redis")]
         {
             state.set_fenced(true);

@@ -40,8 +40,8 @@ pub struct GuardReader {
     live: Cache<LiveSwap, Arc<LiveSet>>,
     /// The address of the set `only` was read from.
     only_from: usize,
-    /// The one live filter, when there is exactly one (the usual case):
-    /// two dependent loads closer than through the set (measured ~2 ns).
+    /// The set's [`answering`](LiveSet::answering) filter, kept here: one
+    /// dependent load closer than through the set.
     only: Option<Arc<Generation>>,
     /// Checks not yet added to the guard's counters.
     uncounted: VerdictTally,
@@ -87,10 +87,7 @@ impl GuardReader {
         let address = Arc::as_ptr(live) as usize;
         if address != self.only_from {
             self.only_from = address;
-            self.only = match live.generations.as_slice() {
-                [only] if !live.warming && !live.fenced => Some(Arc::clone(only)),
-                _ => None,
-            };
+            self.only = live.answering.clone();
         }
         let verdict = match &self.only {
             Some(only) => present_if(only.filter.contains(key)),

@@ -9,8 +9,6 @@
 //! swap, [`Published::reclaim`] issues one process-wide barrier
 //! (`membarrier(2)` on Linux, see `crate::sync`) and waits for
 //! the sections open at that moment to end, then drops the sets it replaced.
-//! Where `membarrier` does not serve, no thread claims a record, and checks
-//! read through the `ArcSwap` instead.
 //!
 //! Memory: a thread holds nothing between checks, so an idle thread keeps
 //! no replaced set alive. A replaced set lives until the sections that were
@@ -31,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use crate::sync::{
     AtomicBool, AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, heavy_barrier, light_barrier,
+    light_barrier_is_enough,
 };
 
 /// How long a swap waits for the sections open at the swap to end before it
@@ -45,8 +44,12 @@ pub(crate) struct Record {
     /// Taken by a live thread (claimed with a CAS, given back at its exit).
     claimed: AtomicBool,
     /// Dense from 0, and owned by one live thread at a time: the index of
-    /// the thread's own counter stripe (see `stats::OwnedCounters`).
+    /// the thread's own counter stripe (see `stats::ThreadCounters`).
     pub(crate) index: usize,
+    /// Whether a compiler fence orders this record's sections (`membarrier`
+    /// serves; see `crate::sync`): decided before the first record is made,
+    /// and the same for every record.
+    light_barrier_is_enough: bool,
     next: AtomicPtr<Record>,
 }
 
@@ -71,7 +74,7 @@ impl Record {
         self.sequence.store(sequence + 1, Ordering::Release);
         // Orders the store above before the set's load, paired with the
         // reclaimer's heavy barrier (a compiler fence where membarrier works).
-        light_barrier();
+        light_barrier(self.light_barrier_is_enough);
         Section {
             record: self,
             closed_at: Some(sequence + 2),
@@ -148,6 +151,7 @@ impl Registry {
             sequence: AtomicU64::new(0),
             claimed: AtomicBool::new(true),
             index: self.count.fetch_add(1, Ordering::Relaxed) as usize,
+            light_barrier_is_enough: light_barrier_is_enough(),
             next: AtomicPtr::new(std::ptr::null_mut()),
         }));
         let mut head = self.head.load(Ordering::Relaxed);
@@ -244,12 +248,6 @@ pub(crate) fn with_thread_record<R>(f: impl FnOnce(&'static Record) -> R) -> Opt
 #[cfg(not(bloomguard_loom))]
 #[cold]
 fn claim_for_this_thread() -> Option<&'static Record> {
-    // Without `membarrier`, a section's compiler fence would not pair with
-    // the reclaimer's barrier: no thread claims a record, and every check
-    // reads the slow way.
-    if !crate::sync::read_sections_serve() {
-        return None;
-    }
     let record = RELEASE_AT_EXIT.try_with(|claimed| claimed.0).ok()?;
     CLAIMED.set(Some(record));
     Some(record)

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use bloomguard::{AtomicBloom, Guard, Lifecycle};
 use common::{
-    CHUNK, KeySet, bench_chunks, bench_sizes, guard_batches, label, one_by_one, raw_batches,
-    slowest_of, thread_counts,
+    BLOCK, CHUNK, KeySet, Path, ROUNDS, bench_chunks, bench_sizes, guard_batches, interleaved,
+    label, one_by_one, raw_batches, slowest_of, thread_counts,
 };
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use xxhash_rust::xxh3::xxh3_64;
@@ -108,45 +108,6 @@ fn bench_paths(
     group.finish();
 }
 
-/// Keys per timed block of the interleaved measurement.
-const BLOCK: usize = 16_384;
-/// Rounds of the interleaved measurement; the median of each path is kept.
-const ROUNDS: usize = 301;
-
-/// A named way to check a key.
-type Path<'a> = (&'a str, &'a mut dyn FnMut(&[u8]) -> bool);
-
-/// Runs the paths one after another, round after round, and keeps each
-/// path's median ns/key. Criterion times one bench after another, so machine
-/// noise (±20 % on this VM) lands on whole benches and can swamp a
-/// difference of a few ns; interleaving spreads it over all paths alike, so
-/// the differences between medians are what the guard adds. Every timed
-/// block is a stretch of keys no path touched in the previous rounds, so no
-/// path finds the filter blocks warmed by the one before it.
-fn interleaved(keys: &KeySet, paths: &mut [Path<'_>]) -> Vec<f64> {
-    let mut samples = vec![Vec::with_capacity(ROUNDS); paths.len()];
-    let blocks = keys.len() / BLOCK;
-    let mut next_block = 0;
-    for _ in 0..ROUNDS {
-        for ((_, check), times) in paths.iter_mut().zip(&mut samples) {
-            let first = next_block % blocks * BLOCK;
-            next_block += 1;
-            let start = Instant::now();
-            for i in first..first + BLOCK {
-                black_box(check(black_box(keys.get(i))));
-            }
-            times.push(start.elapsed().as_nanos() as f64 / BLOCK as f64);
-        }
-    }
-    samples
-        .into_iter()
-        .map(|mut times| {
-            times.sort_by(f64::total_cmp);
-            times[times.len() / 2]
-        })
-        .collect()
-}
-
 /// The interleaved table for one filter size, as Markdown rows.
 fn overhead_rows(
     n: usize,
@@ -161,12 +122,12 @@ fn overhead_rows(
         let mut raw_path = |k: &[u8]| raw.contains(k);
         let mut check_path = |k: &[u8]| guard.check(k).is_absent();
         let mut reader_path = |k: &[u8]| reader.check(k).is_absent();
-        let mut paths: [Path<'_>; 3] = [
+        let mut paths: [Path<'_, '_>; 3] = [
             ("raw contains", &mut raw_path),
             ("Guard::check", &mut check_path),
             ("GuardReader::check", &mut reader_path),
         ];
-        let medians = interleaved(keys, &mut paths);
+        let medians = interleaved(&keys.slices(), &mut paths);
         for ((path, _), median) in paths.iter().zip(&medians) {
             rows.push(format!(
                 "| {} | {what} | {path} | {median:.1} | {:+.1} |",

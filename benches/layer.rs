@@ -8,11 +8,15 @@
 //! ```text
 //! cargo bench --bench layer                                # 100,000 keys
 //! BLOOMGUARD_BENCH_SIZES=1M,32M cargo bench --bench layer  # past the cache too
+//! BLOOMGUARD_COUNT_INSTRUCTIONS=1 cargo bench --bench layer # instructions a key (valgrind)
 //! ```
 //!
 //! Futures are polled by hand with a no-op waker (every one is ready at
 //! once), so the figures are the layer's own cost, without a runtime. Each
-//! timed iteration makes 64 calls.
+//! timed iteration makes 64 calls. Before the criterion runs, the absent
+//! paths are also measured interleaved (see `common::interleaved`); that
+//! table is printed at the end and written to
+//! `target/criterion/layer-overhead.md`.
 
 mod common;
 
@@ -24,7 +28,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bloomguard::{Guard, GuardLayer, GuardedLoader};
-use common::{CHUNK, KeySet, bench_sizes, label};
+use common::{BLOCK, CHUNK, KeySet, Path, ROUNDS, bench_sizes, interleaved, label};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use tower::{Layer, Service, service_fn};
 
@@ -112,8 +116,73 @@ fn leak(keys: &KeySet) -> Vec<&'static [u8]> {
         .collect()
 }
 
+/// Set (to a path's index, or `none`) in a run under callgrind: that run
+/// takes each absent key through the one path, once, and stops.
+const COUNTED_PATH: &str = "BLOOMGUARD_COUNTED_PATH";
+
+/// Instructions, loads and stores per key on each absent path, counted by
+/// callgrind: deterministic where times on a shared VM swing by ±20 %, so a
+/// change of a few instructions shows. Runs this bench under
+/// `valgrind --tool=callgrind` once per path and once with no path (the
+/// setup, subtracted). The counts follow from what the compiler inlined in
+/// this bench; they rank the paths, they do not time them.
+fn count_instructions(paths: &[&str]) {
+    let exe = std::env::current_exe().expect("the bench's own path");
+    let out = std::env::temp_dir().join(format!("bloomguard-callgrind-{}", std::process::id()));
+    let count = |path: &str| -> Option<[u64; 3]> {
+        let status = std::process::Command::new("valgrind")
+            .args(["--tool=callgrind", "--cache-sim=yes"])
+            .arg(format!("--callgrind-out-file={}", out.display()))
+            .arg(&exe)
+            .arg("--bench")
+            .env(COUNTED_PATH, path)
+            .env("BLOOMGUARD_BENCH_SIZES", KEYS.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .ok()?;
+        let profile = std::fs::read_to_string(&out).ok()?;
+        let _ = std::fs::remove_file(&out);
+        // "events: Ir Dr Dw ..." and "summary: <counts in that order>".
+        let totals: Vec<u64> = profile
+            .lines()
+            .find_map(|line| line.strip_prefix("summary: "))?
+            .split_whitespace()
+            .map(|n| n.parse().unwrap_or(0))
+            .collect();
+        (status.success() && totals.len() >= 3).then(|| [totals[0], totals[1], totals[2]])
+    };
+    let Some(setup) = count("none") else {
+        println!("callgrind did not run (is valgrind installed?): no instruction counts");
+        return;
+    };
+    let mut table = vec![
+        "| absent keys through | instructions/key | loads/key | stores/key |".to_string(),
+        "|---|---:|---:|---:|".to_string(),
+    ];
+    for (index, name) in paths.iter().enumerate() {
+        let counted = count(&index.to_string()).expect("callgrind ran for the setup");
+        let [instructions, loads, stores] =
+            std::array::from_fn(|i| counted[i].saturating_sub(setup[i]) as f64 / KEYS as f64);
+        table.push(format!(
+            "| {name} | {instructions:.0} | {loads:.0} | {stores:.0} |"
+        ));
+    }
+    let table = table.join("\n");
+    println!("Counted by callgrind, {KEYS} absent keys a path:\n{table}");
+    let path = std::path::Path::new("target/criterion/layer-instructions.md");
+    if let Err(error) = std::fs::write(path, table + "\n") {
+        eprintln!("cannot write {}: {error}", path.display());
+    }
+}
+
 fn main() {
+    let counted_path = std::env::var(COUNTED_PATH).ok();
     let mut criterion = Criterion::default().configure_from_args();
+    let mut overhead = vec![
+        "| n | absent keys through | median ns/key | rate vs raw `contains` |".to_string(),
+        "|---|---|---:|---:|".to_string(),
+    ];
     for n in bench_sizes(&KEYS.to_string()) {
         let present = leak(&KeySet::generate("user", n, 1));
         let absent = leak(&KeySet::generate("absent", n.clamp(KEYS, 4_000_000), 2));
@@ -133,6 +202,44 @@ fn main() {
         let loader = GuardedLoader::new(guard, |_key: &'static [u8]| {
             ready(Ok::<_, Infallible>(Some(1u32)))
         });
+
+        let mut one_service = layer.layer(no_op());
+        let mut clone_per_call = ClonePerCall(layer.layer(no_op()));
+        let mut paths: [Path<'_, 'static>; 5] = [
+            ("raw contains", &mut |key| raw.contains(key)),
+            ("Guard::check", &mut |key| {
+                loader.guard().check(key).is_absent()
+            }),
+            ("GuardedLoader::get", &mut |key| {
+                poll_ready_now(loader.get(key)).unwrap().is_some()
+            }),
+            ("layer, one service", &mut |key| {
+                poll_ready_now(one_service.call(key)).unwrap().is_some()
+            }),
+            ("layer, clone per call", &mut |key| {
+                poll_ready_now(clone_per_call.call(key)).unwrap().is_some()
+            }),
+        ];
+        if let Some(counted) = &counted_path {
+            if let Ok(index) = counted.parse::<usize>() {
+                for &key in &absent {
+                    black_box((paths[index].1)(black_box(key)));
+                }
+            }
+            return;
+        }
+        if std::env::var_os("BLOOMGUARD_COUNT_INSTRUCTIONS").is_some() {
+            count_instructions(&paths.map(|(name, _)| name));
+            return;
+        }
+        let medians = interleaved(&absent, &mut paths);
+        for ((path, _), median) in paths.iter().zip(&medians) {
+            overhead.push(format!(
+                "| {} | {path} | {median:.1} | {:.2}× |",
+                label(n),
+                medians[0] / median
+            ));
+        }
 
         let mut group = criterion.benchmark_group(format!("layer/n={}", label(n)));
         group
@@ -167,4 +274,10 @@ fn main() {
         group.finish();
     }
     criterion.final_summary();
+    let table = overhead.join("\n");
+    println!("\nInterleaved, single thread ({ROUNDS} rounds of {BLOCK} keys, medians):\n{table}");
+    let path = std::path::Path::new("target/criterion/layer-overhead.md");
+    if let Err(error) = std::fs::write(path, table + "\n") {
+        eprintln!("cannot write {}: {error}", path.display());
+    }
 }

@@ -206,3 +206,42 @@ fn run_stretch<T>(items: &[T], iters: u64, mut work: impl FnMut(&[T])) -> Durati
     }
     start.elapsed()
 }
+
+/// Keys per timed block of the interleaved measurement.
+pub(crate) const BLOCK: usize = 16_384;
+/// Rounds of the interleaved measurement; the median of each path is kept.
+pub(crate) const ROUNDS: usize = 301;
+
+/// A named way to check a key.
+pub(crate) type Path<'a, 'k> = (&'a str, &'a mut dyn FnMut(&'k [u8]) -> bool);
+
+/// Runs the paths one after another, round after round, and keeps each
+/// path's median ns/key. Criterion times one bench after another, so machine
+/// noise (±20 % on this VM) lands on whole benches and can swamp a
+/// difference of a few ns; interleaving spreads it over all paths alike, so
+/// the differences between medians are what the guard adds. Every timed
+/// block is a stretch of keys no path touched in the previous rounds, so no
+/// path finds the filter blocks warmed by the one before it.
+pub(crate) fn interleaved<'k>(keys: &[&'k [u8]], paths: &mut [Path<'_, 'k>]) -> Vec<f64> {
+    let mut samples = vec![Vec::with_capacity(ROUNDS); paths.len()];
+    let blocks = keys.len() / BLOCK;
+    let mut next_block = 0;
+    for _ in 0..ROUNDS {
+        for ((_, check), times) in paths.iter_mut().zip(&mut samples) {
+            let first = next_block % blocks * BLOCK;
+            next_block += 1;
+            let start = Instant::now();
+            for key in &keys[first..first + BLOCK] {
+                black_box(check(black_box(key)));
+            }
+            times.push(start.elapsed().as_nanos() as f64 / BLOCK as f64);
+        }
+    }
+    samples
+        .into_iter()
+        .map(|mut times| {
+            times.sort_by(f64::total_cmp);
+            times[times.len() / 2]
+        })
+        .collect()
+}

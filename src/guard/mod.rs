@@ -172,9 +172,10 @@ impl Guard {
     /// Whether `key` may be in the store: the filter probes inside a read
     /// section (two plain stores to the thread's own cache line; see
     /// `sections.rs`), and the verdict counted in the thread's own stripe.
-    /// No lock, no locked instruction, no fence, and no allocation unless
-    /// the staleness check samples this answer. A swap of the live filters
-    /// that happened before the call is seen by it.
+    /// No lock, no locked instruction, no fence (on Linux 4.14+, where
+    /// `membarrier(2)` serves; elsewhere one fence), and no allocation
+    /// unless the staleness check samples this answer. A swap of the live
+    /// filters that happened before the call is seen by it.
     #[inline]
     pub fn check(&self, key: impl AsRef<[u8]>) -> Verdict {
         let key = key.as_ref();

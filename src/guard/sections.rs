@@ -1,6 +1,7 @@
 //! Read sections: how a check reads the live set with no locked instruction
-//! and no `SeqCst` fence, and how a replaced set is freed once no check can
-//! still be reading it (read-copy-update, with asymmetric barriers).
+//! and (where `membarrier(2)` serves) no `SeqCst` fence, and how a replaced
+//! set is freed once no check can still be reading it (read-copy-update,
+//! with asymmetric barriers).
 //!
 //! Each thread that checks owns a [`Record`] (claimed on its first check,
 //! given back when it exits). A check opens a [`Section`] on it: two plain
@@ -9,6 +10,9 @@
 //! swap, [`Published::reclaim`] issues one process-wide barrier
 //! (`membarrier(2)` on Linux, see `crate::sync`) and waits for
 //! the sections open at that moment to end, then drops the sets it replaced.
+//! Where `membarrier` does not serve (not Linux, or refused), both sides
+//! use a `SeqCst` fence instead: the section's opening store is followed by
+//! one, as each record says.
 //!
 //! Memory: a thread holds nothing between checks, so an idle thread keeps
 //! no replaced set alive. A replaced set lives until the sections that were
@@ -47,8 +51,8 @@ pub(crate) struct Record {
     /// the thread's own counter stripe (see `stats::ThreadCounters`).
     pub(crate) index: usize,
     /// Whether a compiler fence orders this record's sections (`membarrier`
-    /// serves; see `crate::sync`): decided before the first record is made,
-    /// and the same for every record.
+    /// serves; see `crate::sync`): decided once for the process, at the
+    /// latest while the first record is made, so the same for every record.
     light_barrier_is_enough: bool,
     next: AtomicPtr<Record>,
 }

@@ -292,7 +292,7 @@ impl Guard {
             return tally;
         }
         let mut present = [false; CHECK_GROUP];
-        if let [only] = live.generations.as_slice() {
+        if let Some(only) = &live.answering {
             // The filter's own batch: each block prefetched as its key is
             // hashed, so the first misses start sooner than after hashing all.
             only.filter.contains_many(keys, &mut present[..n]);

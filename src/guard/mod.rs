@@ -179,11 +179,12 @@ impl Guard {
     #[inline]
     pub fn check(&self, key: impl AsRef<[u8]>) -> Verdict {
         let key = key.as_ref();
+        let hash = self.hash(key);
         let verdict = sections::with_thread_record(|record| {
             let verdict = self
                 .inner
                 .live
-                .read(record, |live| self.verdict_in(live, key));
+                .read(record, |live| self.verdict_in(live, hash));
             self.inner
                 .counters
                 .add_for(record.index, Counter::Checks as usize, 1);
@@ -193,7 +194,7 @@ impl Guard {
             verdict
         })
         .unwrap_or_else(|| {
-            let verdict = self.verdict_in(&self.inner.live.load(), key);
+            let verdict = self.verdict_in(&self.inner.live.load(), hash);
             let mut tally = VerdictTally::default();
             tally.add(verdict);
             self.count(None, tally);
@@ -300,7 +301,7 @@ impl Guard {
             let mut hashes = [0u64; CHECK_GROUP];
             let mut in_generation = [false; CHECK_GROUP];
             for (hash, key) in hashes.iter_mut().zip(keys) {
-                *hash = hash_key(key.as_ref(), self.inner.seed);
+                *hash = self.hash(key.as_ref());
             }
             for generation in live.generations.iter().rev() {
                 generation
@@ -350,41 +351,44 @@ impl Guard {
         }
     }
 
-    /// The verdict for `key` in `live`, neither counted nor sampled.
+    /// `key`'s hash under the guard's seed, which every generation's filter
+    /// has (the guard makes its own with it; merges and adopted snapshots
+    /// with another are refused). A check hashes first: the hash then need
+    /// not wait for the loads that reach the live filter.
+    #[inline]
+    pub(crate) fn hash(&self, key: &[u8]) -> u64 {
+        hash_key(key, self.inner.seed)
+    }
+
+    /// The verdict in `live` for the key of `hash` (see [`hash`](Self::hash)),
+    /// neither counted nor sampled.
     #[inline(always)]
-    pub(crate) fn verdict_in(&self, live: &LiveSet, key: &[u8]) -> Verdict {
+    pub(crate) fn verdict_in(&self, live: &LiveSet, hash: u64) -> Verdict {
         // The usual case inline, the rest out of line: every instruction on
         // a check's path takes room in the CPU's window, which on a filter
         // larger than the cache decides how many checks' misses overlap.
         if let Some(only) = &live.answering {
-            return present_if(only.filter.contains(key));
+            return present_if(only.filter.contains_hashed(hash));
         }
-        self.verdict_in_any(live, key)
+        Self::verdict_in_any(live, hash)
     }
 
     #[cold]
     #[inline(never)]
-    fn verdict_in_any(&self, live: &LiveSet, key: &[u8]) -> Verdict {
-        if live.warming {
+    fn verdict_in_any(live: &LiveSet, hash: u64) -> Verdict {
+        if live.warming || live.generations.is_empty() {
             return Verdict::Warming;
         }
         if live.fenced {
             return Verdict::MaybePresent;
         }
-        match live.generations.as_slice() {
-            [] => Verdict::Warming,
-            [only] => present_if(only.filter.contains(key)),
-            generations => {
-                let hash = hash_key(key, self.inner.seed);
-                // The newest generation is the likeliest to hold a recent key.
-                present_if(
-                    generations
-                        .iter()
-                        .rev()
-                        .any(|g| g.filter.contains_hashed(hash)),
-                )
-            }
-        }
+        // The newest generation is the likeliest to hold a recent key.
+        present_if(
+            live.generations
+                .iter()
+                .rev()
+                .any(|g| g.filter.contains_hashed(hash)),
+        )
     }
 
     /// Offers an `Absent` answer to the staleness check, if there is one.
@@ -397,7 +401,7 @@ impl Guard {
 
     /// The verdict for `key` now, neither counted nor sampled.
     fn peek(&self, key: &[u8]) -> Verdict {
-        self.verdict_in(&self.inner.live.load(), key)
+        self.verdict_in(&self.inner.live.load(), self.hash(key))
     }
 
     /// Merges a filter built elsewhere (a snapshot shipped by other means than
@@ -458,7 +462,7 @@ impl Guard {
     /// call, or be covered by a [`PendingWrite`] ([`begin_write`](Self::begin_write)).
     #[inline]
     pub fn insert(&self, key: impl AsRef<[u8]>) {
-        let hash = hash_key(key.as_ref(), self.inner.seed);
+        let hash = self.hash(key.as_ref());
         let writes = self.inner.live.writes();
         let stripe = writes.enter();
         let live = self.inner.live.load();
@@ -471,7 +475,7 @@ impl Guard {
     /// returned [`PendingWrite`] makes a rebuild wait for the write before it
     /// reads the source. Drop it once the write is visible in the store.
     pub fn begin_write(&self, key: impl AsRef<[u8]>) -> PendingWrite {
-        let hash = hash_key(key.as_ref(), self.inner.seed);
+        let hash = self.hash(key.as_ref());
         let writes = self.inner.live.writes();
         let stripe = writes.enter();
         let live = self.inner.live.load();
@@ -641,7 +645,7 @@ impl Guard {
         }
         let settle = self.inner.rebuild_policy.write_settle;
         let since = asked_at.checked_sub(settle).unwrap_or(self.inner.built_at);
-        clock.inserted_since(hash_key(key, self.inner.seed), since)
+        clock.inserted_since(self.hash(key), since)
     }
 
     pub(crate) fn count_confirmed_absent_hit(&self) {

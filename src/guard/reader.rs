@@ -83,6 +83,7 @@ impl GuardReader {
     #[inline]
     pub fn check(&mut self, key: impl AsRef<[u8]>) -> Verdict {
         let key = key.as_ref();
+        let hash = self.guard.hash(key);
         let live = self.live.load();
         let address = Arc::as_ptr(live) as usize;
         if address != self.only_from {
@@ -90,8 +91,8 @@ impl GuardReader {
             self.only = live.answering.clone();
         }
         let verdict = match &self.only {
-            Some(only) => present_if(only.filter.contains(key)),
-            None => self.guard.verdict_in(live, key),
+            Some(only) => present_if(only.filter.contains_hashed(hash)),
+            None => self.guard.verdict_in(live, hash),
         };
         self.uncounted.add(verdict);
         if self.uncounted.checks == FLUSH_EVERY {

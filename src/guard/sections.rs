@@ -65,23 +65,20 @@ impl Record {
     /// open until after this one ends.
     #[inline]
     pub(crate) fn enter(&self) -> Section<'_> {
-        let sequence = self.sequence.load(Ordering::Relaxed);
-        if !sequence.is_multiple_of(2) {
-            return Section {
-                record: self,
-                closed_at: None,
-            };
+        let before = self.sequence.load(Ordering::Relaxed);
+        if before.is_multiple_of(2) {
+            // Release: a reclaimer that reads this value (having missed the
+            // close of the section before) must still see that section's
+            // reads done; a relaxed store would not carry them (loom found it).
+            self.sequence.store(before + 1, Ordering::Release);
+            // Orders the store above before the set's load, paired with the
+            // reclaimer's heavy barrier (a compiler fence where membarrier
+            // works).
+            light_barrier(self.light_barrier_is_enough);
         }
-        // Release: a reclaimer that reads this value (having missed the
-        // close of the section before) must still see that section's reads
-        // done; a relaxed store would not carry them (loom found it).
-        self.sequence.store(sequence + 1, Ordering::Release);
-        // Orders the store above before the set's load, paired with the
-        // reclaimer's heavy barrier (a compiler fence where membarrier works).
-        light_barrier(self.light_barrier_is_enough);
         Section {
             record: self,
-            closed_at: Some(sequence + 2),
+            before,
         }
     }
 }
@@ -89,16 +86,21 @@ impl Record {
 /// An open read section; closes on drop (unless nested in another).
 pub(crate) struct Section<'a> {
     record: &'a Record,
-    closed_at: Option<u64>,
+    /// The record's sequence before the section: odd when nested. The close
+    /// is computed from it rather than kept beside it, one value less to
+    /// carry across the probe (a spill, measured as a store per check).
+    before: u64,
 }
 
 impl Drop for Section<'_> {
     #[inline]
     fn drop(&mut self) {
-        if let Some(closed_at) = self.closed_at {
+        if self.before.is_multiple_of(2) {
             // Release: the section's reads happen before a reclaimer that
             // sees the new value drops anything.
-            self.record.sequence.store(closed_at, Ordering::Release);
+            self.record
+                .sequence
+                .store(self.before + 2, Ordering::Release);
         }
     }
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 use crate::common::{absent_keys, keys, three_sigma_limit, wait_until};
 use bloomguard::source::{self, KeyBatch, KeySource, KeyStream, SourceError};
 use bloomguard::{
-    AtomicBloom, ConfigError, Guard, GuardBuilder, Lifecycle, RebuildError, RebuildOutcome,
-    RebuildPolicy, Verdict,
+    AtomicBloom, ConfigError, FilterParameter, Guard, GuardBuilder, Lifecycle, RebuildError,
+    RebuildOutcome, RebuildPolicy, Verdict,
 };
 use futures_core::Stream;
 
@@ -879,6 +879,34 @@ fn snapshot_holding(seed: u64, keys: &[&str]) -> AtomicBloom {
         filter.insert(key);
     }
     filter
+}
+
+/// A check hashes a key once, with the guard's seed, and probes whichever
+/// filter is live with that hash: a filter of another seed among them would
+/// miss its own keys (false `Absent`s). So a guard takes none, warming or not.
+#[tokio::test]
+async fn a_guard_refuses_filters_of_another_seed() {
+    let stored = keys(0, 1_000);
+    let store = store_with(&stored);
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .seed(7)
+        .source(source_of(&store))
+        .build()
+        .unwrap();
+    let foreign = || snapshot_holding(8, &["fleet:only"]);
+    let refused = guard.merge_filter(foreign()).unwrap_err();
+    assert_eq!(refused.differs_in, FilterParameter::Seed, "while warming");
+    assert!(guard.live_filters().iter().next().is_none());
+
+    guard.rebuild().await.unwrap();
+    let refused = guard.merge_filter(foreign()).unwrap_err();
+    assert_eq!(refused.differs_in, FilterParameter::Seed, "while serving");
+    assert_all_present(&guard, &stored, "after the refusals");
+    guard
+        .merge_filter(snapshot_holding(7, &["fleet:only"]))
+        .unwrap();
+    assert_eq!(guard.check("fleet:only"), Verdict::MaybePresent);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,6 @@
 //! A global allocator that measures one thread's allocations while asked to:
-//! how many calls, and the peak of live bytes above the starting point.
+//! how many calls, and the peak of live bytes above the starting point; and
+//! the bytes the whole process holds, at any time.
 //!
 //! Kept by hand (no crate measures per-thread peaks this way): a test binary
 //! installs it with `#[global_allocator] static A: AllocMeter = AllocMeter;`
@@ -7,6 +8,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::sync::atomic::{AtomicIsize, Ordering};
 
 /// Forwards to the system allocator, counting on the measuring thread.
 #[derive(Debug)]
@@ -32,7 +34,16 @@ thread_local! {
     static METER: Cell<Option<Meter>> = const { Cell::new(None) };
 }
 
+/// Bytes held by the whole process through this allocator, every thread.
+static PROCESS_LIVE: AtomicIsize = AtomicIsize::new(0);
+
+/// The bytes every thread holds now through the meter (since the binary began).
+pub(crate) fn process_live_bytes() -> isize {
+    PROCESS_LIVE.load(Ordering::Relaxed)
+}
+
 fn note(allocations: usize, bytes: isize) {
+    PROCESS_LIVE.fetch_add(bytes, Ordering::Relaxed);
     let _ = METER.try_with(|meter| {
         if let Some(mut m) = meter.get() {
             m.allocations += allocations;

@@ -5,6 +5,11 @@
 pub(crate) mod alloc_meter;
 pub(crate) mod http_client;
 pub(crate) mod items_service;
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+pub(crate) mod membarrier;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres_server;
 pub(crate) mod redis_cluster;

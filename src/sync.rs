@@ -22,6 +22,17 @@ pub(crate) use process_barrier::{
     heavy as heavy_barrier, light as light_barrier, light_is_enough as light_barrier_is_enough,
 };
 
+/// What the reclaiming side's barrier ordered.
+#[cfg(feature = "guard")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HeavyBarrier {
+    /// Every thread of the process ran a full barrier (`membarrier`): it
+    /// pairs with sections that fence and sections that do not alike.
+    EveryThread,
+    /// Only the calling thread fenced: it pairs with sections that fence.
+    ThisThread,
+}
+
 /// Asymmetric barriers for read sections (`guard::sections`): the reading
 /// side's `light` pairs with the reclaiming side's `heavy` as two `SeqCst`
 /// fences would. On Linux with `membarrier(2)`'s private expedited command
@@ -30,10 +41,18 @@ pub(crate) use process_barrier::{
 /// Which one `light` is, each reader's record says ([`light_is_enough`],
 /// copied when the record is made): a byte on a line the check touches
 /// anyway, not a global loaded on every check.
+///
+/// Should `membarrier` fail after it was chosen (a seccomp profile applied
+/// later, or the kernel out of memory for the expedited command), the
+/// process turns to fences for good: `heavy` says it ordered only its own
+/// thread, and the reclaimer waits for every record to fence its sections
+/// (see `guard::sections`).
 /// Kept here: the `membarrier` crate links Windows libraries on Linux.
 #[cfg(all(not(bloomguard_loom), feature = "guard"))]
 mod process_barrier {
     use std::sync::atomic::{AtomicU8, Ordering, compiler_fence, fence};
+
+    use super::HeavyBarrier;
 
     const UNDECIDED: u8 = 0;
     const MEMBARRIER: u8 = 1;
@@ -58,15 +77,31 @@ mod process_barrier {
         strategy() == MEMBARRIER
     }
 
-    /// `false` when no barrier could be made: the caller then frees nothing.
+    /// The reclaiming side's barrier. A failed `membarrier` turns the
+    /// process to fences (before this one), so that records made from then
+    /// on fence their sections.
     #[must_use]
-    pub(crate) fn heavy() -> bool {
+    pub(crate) fn heavy() -> HeavyBarrier {
         if strategy() == MEMBARRIER {
-            membarrier::private_expedited()
-        } else {
-            fence(Ordering::SeqCst);
-            true
+            if membarrier::private_expedited() {
+                return HeavyBarrier::EveryThread;
+            }
+            if STRATEGY
+                .compare_exchange(MEMBARRIER, FENCES, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                tracing::warn!(
+                    error = %std::io::Error::last_os_error(),
+                    "membarrier(2) failed after it was chosen: read sections fence from now on, \
+                     and replaced filters are freed once every thread that checked before has \
+                     checked again or exited"
+                );
+            }
         }
+        // SeqCst: pairs with the readers' fences, and orders the switch above
+        // before the reclaimer's reads of the records.
+        fence(Ordering::SeqCst);
+        HeavyBarrier::ThisThread
     }
 
     /// Decides once whether `membarrier` serves (registering the process
@@ -131,10 +166,15 @@ mod process_barrier {
 }
 
 /// Under loom both sides are `SeqCst` fences: the pairing `membarrier`
-/// gives, which loom can check.
+/// gives, which loom can check. Records are made fencing (below); one a
+/// model marks as made while `membarrier` served opens its sections with no
+/// fence, and since the heavy barrier here reaches only its own thread, it
+/// models a process whose `membarrier` failed after that record was made.
 #[cfg(bloomguard_loom)]
-pub(crate) fn light_barrier(_light_is_enough: bool) {
-    fence(Ordering::SeqCst);
+pub(crate) fn light_barrier(light_is_enough: bool) {
+    if !light_is_enough {
+        fence(Ordering::SeqCst);
+    }
 }
 
 #[cfg(bloomguard_loom)]
@@ -143,9 +183,9 @@ pub(crate) fn light_barrier_is_enough() -> bool {
 }
 
 #[cfg(bloomguard_loom)]
-pub(crate) fn heavy_barrier() -> bool {
+pub(crate) fn heavy_barrier() -> HeavyBarrier {
     fence(Ordering::SeqCst);
-    true
+    HeavyBarrier::ThisThread
 }
 
 #[cfg(bloomguard_loom)]

@@ -14,8 +14,19 @@
 //! use a `SeqCst` fence instead: the section's opening store is followed by
 //! one, as each record says.
 //!
+//! Should `membarrier` fail after it was chosen (a seccomp profile applied
+//! later, or the kernel out of memory for the expedited command), the
+//! process turns to fences for good (`crate::sync`). The sections of a
+//! thread that claimed its record before then did not fence, and nothing on
+//! the reclaiming side pairs with them any more; so a reclaim frees nothing
+//! until each claimed record's owner has fenced a section (it learns from
+//! its record to do so, and says from which section on) or given the record
+//! back. Replaced sets then wait for every thread that checked before the
+//! turn to check again or exit (`tests/membarrier_revoked.rs`).
+//!
 //! Memory: a thread holds nothing between checks, so an idle thread keeps
-//! no replaced set alive. A replaced set lives until the sections that were
+//! no replaced set alive (but after the turn above, until it checks again
+//! or exits). A replaced set lives until the sections that were
 //! open when it was replaced have ended; the swap waits up to
 //! [`GRACE_WAIT`] for them (a check takes nanoseconds), and a section held
 //! longer (its thread preempted mid-check, or a slow `as_ref` of a key type
@@ -32,8 +43,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::sync::{
-    AtomicBool, AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, heavy_barrier, light_barrier,
-    light_barrier_is_enough,
+    AtomicBool, AtomicPtr, AtomicU64, HeavyBarrier, Mutex, MutexGuard, Ordering, fence,
+    heavy_barrier, light_barrier, light_barrier_is_enough,
 };
 
 /// How long a swap waits for the sections open at the swap to end before it
@@ -51,11 +62,19 @@ pub(crate) struct Record {
     /// the thread's own counter stripe (see `stats::ThreadCounters`).
     pub(crate) index: usize,
     /// Whether a compiler fence orders this record's sections (`membarrier`
-    /// serves; see `crate::sync`): decided once for the process, at the
-    /// latest while the first record is made, so the same for every record.
-    light_barrier_is_enough: bool,
+    /// serves; see `crate::sync`): decided for the process at the latest
+    /// while the first record is made. Turned off, for good, by a reclaimer
+    /// whose `membarrier` failed; read by the owner at each section.
+    light_barrier_is_enough: AtomicBool,
+    /// The first of the owner's sections that fences ([`NO_FENCED_SECTION`]
+    /// until one does): every section before it has ended once a reclaimer
+    /// reads this (it is stored with release by the owner, after them).
+    fences_from: AtomicU64,
     next: AtomicPtr<Record>,
 }
+
+/// [`Record::fences_from`] of a record none of whose sections fenced yet.
+const NO_FENCED_SECTION: u64 = u64::MAX;
 
 impl Record {
     /// Opens a read section: until it drops, nothing this thread reads
@@ -74,11 +93,31 @@ impl Record {
             // Orders the store above before the set's load, paired with the
             // reclaimer's heavy barrier (a compiler fence where membarrier
             // works).
-            light_barrier(self.light_barrier_is_enough);
+            let light = self.light_barrier_is_enough.load(Ordering::Relaxed);
+            light_barrier(light);
+            if !light && self.fences_from.load(Ordering::Relaxed) == NO_FENCED_SECTION {
+                self.fences_from.store(before + 1, Ordering::Release);
+            }
         }
         Section {
             record: self,
             before,
+        }
+    }
+
+    /// Makes the owner's sections fence from its next one on, if the process
+    /// has turned to fences. Called by a thread that has just claimed the
+    /// record: the fence pairs with the one a reclaimer makes after turning
+    /// (see `crate::sync`) before it reads the records, so either that
+    /// reclaimer sees this record claimed, or this sees the turn.
+    fn fence_if_the_process_does(&self) {
+        fence(Ordering::SeqCst);
+        if !light_barrier_is_enough() {
+            self.light_barrier_is_enough.store(false, Ordering::Relaxed);
+            if self.fences_from.load(Ordering::Relaxed) == NO_FENCED_SECTION {
+                let next = self.sequence.load(Ordering::Relaxed) + 1;
+                self.fences_from.store(next, Ordering::Release);
+            }
         }
     }
 }
@@ -150,14 +189,17 @@ impl Registry {
                     .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                     .is_ok()
             {
+                record.fence_if_the_process_does();
                 return record;
             }
         }
+        let light = light_barrier_is_enough();
         let record: &Record = Box::leak(Box::new(Record {
             sequence: AtomicU64::new(0),
             claimed: AtomicBool::new(true),
             index: self.count.fetch_add(1, Ordering::Relaxed) as usize,
-            light_barrier_is_enough: light_barrier_is_enough(),
+            light_barrier_is_enough: AtomicBool::new(light),
+            fences_from: AtomicU64::new(if light { NO_FENCED_SECTION } else { 0 }),
             next: AtomicPtr::new(std::ptr::null_mut()),
         }));
         let mut head = self.head.load(Ordering::Relaxed);
@@ -168,10 +210,12 @@ impl Registry {
                 .head
                 .compare_exchange(head, new_head, Ordering::Release, Ordering::Relaxed)
             {
-                Ok(_) => return record,
+                Ok(_) => break,
                 Err(current) => head = current,
             }
         }
+        record.fence_if_the_process_does();
+        record
     }
 
     /// Gives `record` back for another thread to claim (its sections are closed).
@@ -183,17 +227,34 @@ impl Registry {
     /// (`None`: for as long as it takes). `true` once they all have.
     pub(crate) fn wait_for_open_sections(&self, wait: Option<Duration>) -> bool {
         // After this, a section that loaded a replaced pointer has made its
-        // opening store visible here (and one opened later loads the new one).
-        if !heavy_barrier() {
+        // opening store visible here (and one opened later loads the new one),
+        // if it fenced or the barrier reached every thread.
+        let every_thread = heavy_barrier() == HeavyBarrier::EveryThread;
+        let mut open = Vec::new();
+        let mut unfenced = false;
+        for record in self.records() {
+            if !every_thread && record.fences_from.load(Ordering::Acquire) == NO_FENCED_SECTION {
+                // A record released since holds no section (its owner ended
+                // them all before giving it back), and a thread claiming it
+                // anew fences (`fence_if_the_process_does`). A claimed one
+                // may still open sections that nothing here pairs with:
+                // wait for its owner to fence one.
+                if record.claimed.load(Ordering::Acquire) {
+                    record
+                        .light_barrier_is_enough
+                        .store(false, Ordering::Relaxed);
+                    unfenced = true;
+                }
+                continue;
+            }
+            let sequence = record.sequence.load(Ordering::Acquire);
+            if !sequence.is_multiple_of(2) {
+                open.push((record, sequence));
+            }
+        }
+        if unfenced {
             return false;
         }
-        let open: Vec<(&Record, u64)> = self
-            .records()
-            .filter_map(|record| {
-                let sequence = record.sequence.load(Ordering::Acquire);
-                (!sequence.is_multiple_of(2)).then_some((record, sequence))
-            })
-            .collect();
         let deadline = wait.map(|wait| Instant::now() + wait);
         for (record, opened) in open {
             let mut spins = 0u32;
@@ -339,7 +400,7 @@ impl<T> Published<T> {
     }
 
     /// Replaced values not freed yet.
-    #[cfg(all(test, not(bloomguard_loom)))]
+    #[cfg(test)]
     pub(crate) fn retired(&self) -> usize {
         lock(&self.owned).retired.len()
     }
@@ -599,6 +660,42 @@ mod loom_tests {
             inner.reclaim(None);
             let seen = reader.join().unwrap();
             assert!(seen == 1 || seen == 2, "read {seen}");
+        });
+    }
+
+    /// A process whose `membarrier` failed after a thread claimed its
+    /// record: that thread's sections do not fence until it sees the
+    /// reclaimer's word, and the reclaimer's own fence pairs with nothing
+    /// in them. The reclaim frees nothing until the thread has fenced a
+    /// section or given its record back, and no section reads a freed value.
+    #[test]
+    fn after_membarrier_fails_a_reclaim_waits_for_unfenced_sections() {
+        bounded().check(|| {
+            let (registry, published) = published_value();
+            let record = registry.claim();
+            // As made while membarrier served (see `crate::sync` under loom).
+            record
+                .light_barrier_is_enough
+                .store(true, Ordering::Relaxed);
+            record
+                .fences_from
+                .store(NO_FENCED_SECTION, Ordering::Relaxed);
+            let reader = {
+                let published = LoomArc::clone(&published);
+                loom::thread::spawn(move || {
+                    let first = published.read(record, Value::get);
+                    let second = published.read(record, Value::get);
+                    Registry::release(record);
+                    (first, second)
+                })
+            };
+            published.replace(Arc::new(Value(UnsafeCell::new(2))));
+            while published.retired() > 0 {
+                published.reclaim(None);
+                loom::thread::yield_now();
+            }
+            let (first, second) = reader.join().unwrap();
+            assert!(first >= 1 && second >= first, "read {first} then {second}");
         });
     }
 

@@ -119,7 +119,7 @@ impl<const N: usize> ThreadCounters<N> {
     /// Adds `n` to `counter` for the calling thread.
     #[inline]
     pub(crate) fn add(&self, counter: usize, n: u64) {
-        match crate::guard::sections::with_thread_record(|record| record.index) {
+        match crate::guard::sections::thread_record_index() {
             Some(index) => self.add_for(index, counter, n),
             None => self.add_shared(counter, n),
         }

@@ -38,9 +38,9 @@ pub(crate) enum HeavyBarrier {
 /// fences would. On Linux with `membarrier(2)`'s private expedited command
 /// (4.14+), `heavy` makes every running thread of the process execute a
 /// full barrier, so `light` is a compiler fence; elsewhere both are fences.
-/// Which one `light` is, each reader's record says ([`light_is_enough`],
-/// copied when the record is made): a byte on a line the check touches
-/// anyway, not a global loaded on every check.
+/// Which one `light` is, each reader's record says (from [`light_is_enough`]
+/// when the record is made, until a turn below): a byte on a line the check
+/// touches anyway, not a global loaded on every check.
 ///
 /// Should `membarrier` fail after it was chosen (a seccomp profile applied
 /// later, or the kernel out of memory for the expedited command), the
@@ -60,8 +60,7 @@ mod process_barrier {
 
     static STRATEGY: AtomicU8 = AtomicU8::new(UNDECIDED);
 
-    /// The reading side: `light_is_enough` is what [`light_is_enough`]
-    /// said (it never changes once said).
+    /// The reading side: `light_is_enough` is what the reader's record says.
     #[inline]
     pub(crate) fn light(light_is_enough: bool) {
         if light_is_enough {
@@ -72,7 +71,7 @@ mod process_barrier {
     }
 
     /// Whether `membarrier` serves, so that `light` may be a compiler fence
-    /// (decided on the first call).
+    /// (decided on the first call; `false` for good after a turn).
     pub(crate) fn light_is_enough() -> bool {
         strategy() == MEMBARRIER
     }
@@ -93,8 +92,8 @@ mod process_barrier {
                 tracing::warn!(
                     error = %std::io::Error::last_os_error(),
                     "membarrier(2) failed after it was chosen: read sections fence from now on, \
-                     and replaced filters are freed once every thread that checked before has \
-                     checked again or exited"
+                     and replaced filters are freed once every thread that used a guard before \
+                     has used one again or exited"
                 );
             }
         }
@@ -105,7 +104,7 @@ mod process_barrier {
     }
 
     /// Decides once whether `membarrier` serves (registering the process
-    /// for it); the decision never changes.
+    /// for it); only a failure in `heavy` changes it, to fences, for good.
     fn strategy() -> u8 {
         let decided = STRATEGY.load(Ordering::Acquire);
         if decided != UNDECIDED {
@@ -165,11 +164,23 @@ mod process_barrier {
     }
 }
 
-/// Under loom both sides are `SeqCst` fences: the pairing `membarrier`
-/// gives, which loom can check. Records are made fencing (below); one a
-/// model marks as made while `membarrier` served opens its sections with no
-/// fence, and since the heavy barrier here reaches only its own thread, it
-/// models a process whose `membarrier` failed after that record was made.
+/// Under loom a model's process starts with fences on both sides, the
+/// pairing `membarrier` gives, which loom can check. A model that sets
+/// [`loom_strategy::STRATEGY`] to `MEMBARRIER` first gets records whose
+/// sections do not fence, and a heavy barrier that always fails and turns
+/// the process to fences: a `membarrier` that fails after it was chosen.
+#[cfg(bloomguard_loom)]
+pub(crate) mod loom_strategy {
+    pub(crate) const MEMBARRIER: u8 = 1;
+    pub(crate) const FENCES: u8 = 2;
+
+    loom::lazy_static! {
+        /// Reset for every execution of a model.
+        pub(crate) static ref STRATEGY: loom::sync::atomic::AtomicU8 =
+            loom::sync::atomic::AtomicU8::new(FENCES);
+    }
+}
+
 #[cfg(bloomguard_loom)]
 pub(crate) fn light_barrier(light_is_enough: bool) {
     if !light_is_enough {
@@ -179,11 +190,16 @@ pub(crate) fn light_barrier(light_is_enough: bool) {
 
 #[cfg(bloomguard_loom)]
 pub(crate) fn light_barrier_is_enough() -> bool {
-    false
+    loom_strategy::STRATEGY.load(Ordering::Acquire) == loom_strategy::MEMBARRIER
 }
 
 #[cfg(bloomguard_loom)]
 pub(crate) fn heavy_barrier() -> HeavyBarrier {
+    use loom_strategy::{FENCES, MEMBARRIER, STRATEGY};
+    if STRATEGY.load(Ordering::Acquire) == MEMBARRIER {
+        // The model's membarrier fails: the process turns, as in `process_barrier::heavy`.
+        let _ = STRATEGY.compare_exchange(MEMBARRIER, FENCES, Ordering::AcqRel, Ordering::Acquire);
+    }
     fence(Ordering::SeqCst);
     HeavyBarrier::ThisThread
 }

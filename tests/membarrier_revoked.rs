@@ -1,8 +1,9 @@
 //! A process whose `membarrier(2)` stops answering after its read sections
 //! began relying on it (a seccomp profile applied once the service is up, or
-//! a kernel out of memory for the expedited command). Threads that checked
-//! before then open sections with no fence, which only that barrier paired
-//! with. A binary of its own: a process picks its barrier at its first check.
+//! a kernel out of memory for the expedited command). Threads that claimed
+//! their records before then open sections with no fence, which only that
+//! barrier paired with. A binary of its own: a process picks its barrier at
+//! its first check.
 
 #![cfg(all(
     target_os = "linux",
@@ -18,22 +19,29 @@ use std::time::Duration;
 
 use bloomguard::{Guard, Verdict, source};
 use common::alloc_meter::{AllocMeter, process_live_bytes};
-use common::keys;
-use common::membarrier::{membarrier_refused, refuse_membarrier};
+use common::membarrier::{membarrier_refused, refuse_membarrier, require_private_expedited};
+use common::{StopOnDrop, keys};
 
 #[global_allocator]
 static ALLOCATOR: AllocMeter = AllocMeter;
 
-const REBUILDS: usize = 40;
+/// Swaps while this thread, which checked before the refusal, has not
+/// checked since; then swaps after it has.
+const SWAPS_HELD: usize = 10;
+const SWAPS_FREED: usize = 30;
 
-/// Checkers that started while `membarrier` served keep checking through 40
-/// swaps after it is refused: no stored key is answered `Absent`, nothing is
-/// freed while a thread that checked before the refusal has not checked
-/// since, and the replaced filters are freed once each such thread has
-/// checked again or exited. Before, every reclaim after the refusal freed
-/// nothing: each swap kept its replaced filter for the life of the process.
+/// Checkers claim their records while `membarrier` serves; so do an
+/// inserter (which only counts, never opens a section) and this thread.
+/// Then `membarrier` is refused and the live filter is swapped 40 times
+/// under them, and a new checker starts. No stored key is answered
+/// `Absent`; nothing is freed while this thread has not checked again (its
+/// sections could still be open without a fence, as far as a reclaim can
+/// know); once it has, the replaced filters are freed while the others keep
+/// checking and inserting. Before, no reclaim after the refusal freed
+/// anything: each swap kept its replaced filter for the life of the process.
 #[test]
 fn after_membarrier_is_refused_checks_stay_correct_and_replaced_filters_are_freed() {
+    require_private_expedited();
     let stored = keys(0, 20_000);
     let listed = stored.clone();
     let guard = Guard::builder()
@@ -56,55 +64,73 @@ fn after_membarrier_is_refused_checks_stay_correct_and_replaced_filters_are_free
     let filter_bytes = guard.stats().memory_bytes as isize;
     runtime.block_on(guard.rebuild()).unwrap();
     let before = process_live_bytes();
-
-    let stop = AtomicBool::new(false);
-    let checked = AtomicU64::new(0);
-    let started = Barrier::new(3);
-    std::thread::scope(|scope| {
-        for first in [0, stored.len() / 2] {
-            let (guard, stored, stop, checked, started) =
-                (&guard, &stored, &stop, &checked, &started);
-            scope.spawn(move || {
-                let mut count = 0u64;
-                for key in stored.iter().cycle().skip(first) {
-                    assert_ne!(guard.check(key), Verdict::Absent, "{key}");
-                    count += 1;
-                    if count == 1 {
-                        started.wait();
-                    }
-                    if count.is_multiple_of(1_024) && stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                }
-                checked.fetch_add(count, Ordering::Relaxed);
-            });
-        }
-        // Both checkers have made their records under membarrier.
-        started.wait();
-        refuse_membarrier();
-        for _ in 0..REBUILDS {
+    let swap = |times| {
+        for _ in 0..times {
             runtime.block_on(guard.rebuild()).unwrap();
             std::thread::sleep(Duration::from_millis(2));
         }
-        stop.store(true, Ordering::Relaxed);
+    };
+
+    let stop = AtomicBool::new(false);
+    let checked = AtomicU64::new(0);
+    let started = Barrier::new(4);
+    let check_until_stopped = |first: usize| {
+        let mut count = 0u64;
+        for key in stored.iter().cycle().skip(first) {
+            assert_ne!(guard.check(key), Verdict::Absent, "{key}");
+            count += 1;
+            if count == 1 && first < 2 {
+                started.wait();
+            }
+            if count.is_multiple_of(1_024) && stop.load(Ordering::Relaxed) {
+                break;
+            }
+        }
+        checked.fetch_add(count, Ordering::Relaxed);
+    };
+    let (held, kept) = std::thread::scope(|scope| {
+        scope.spawn(|| check_until_stopped(0));
+        scope.spawn(|| check_until_stopped(1));
+        scope.spawn(|| {
+            for n in 0u64.. {
+                guard.insert(format!("inserted:{}", n % 100_000));
+                if n == 0 {
+                    started.wait();
+                }
+                if n.is_multiple_of(64) && stop.load(Ordering::Relaxed) {
+                    break;
+                }
+            }
+        });
+        let _stop = StopOnDrop(&stop);
+        // Every thread has its record, made under membarrier.
+        started.wait();
+        refuse_membarrier();
+        swap(SWAPS_HELD);
+        let held = process_live_bytes() - before;
+        // This thread's sections fence from now on; a thread started now
+        // fences from its first.
+        assert_ne!(guard.check(&stored[1]), Verdict::Absent);
+        scope.spawn(|| check_until_stopped(stored.len() / 2));
+        swap(SWAPS_FREED);
+        (held, process_live_bytes() - before)
     });
-    // This thread checked before the refusal and not since: a section of
-    // its own could still be open with no fence, as far as a reclaim can
-    // know, so nothing has been freed yet.
-    let kept = process_live_bytes() - before;
     assert!(
-        kept > (REBUILDS as isize / 2) * filter_bytes,
-        "{kept} bytes kept: freed while a thread's sections were unfenced"
+        held > (SWAPS_HELD as isize / 2) * filter_bytes,
+        "{held} bytes kept: freed while a thread's sections were unfenced"
     );
-    // The checkers have exited; this thread checks again (its sections
-    // fence from now on).
-    assert_ne!(guard.check(&stored[1]), Verdict::Absent);
+    assert!(
+        kept < (SWAPS_FREED as isize / 2) * filter_bytes,
+        "{kept} bytes kept after {SWAPS_FREED} more swaps of a {filter_bytes}-byte filter \
+         under running checks"
+    );
     runtime.block_on(guard.rebuild()).unwrap();
     let grown = process_live_bytes() - before;
 
     assert!(checked.load(Ordering::Relaxed) > 0);
     assert!(
         grown < 2 * filter_bytes,
-        "{grown} bytes more after {REBUILDS} swaps of a {filter_bytes}-byte filter"
+        "{grown} bytes more after {} swaps of a {filter_bytes}-byte filter",
+        SWAPS_HELD + SWAPS_FREED + 1
     );
 }

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use bloomguard::{Guard, Verdict, source};
 use common::alloc_meter::{AllocMeter, process_live_bytes};
-use common::keys;
 use common::membarrier::refuse_membarrier;
+use common::{StopOnDrop, keys};
 
 #[global_allocator]
 static ALLOCATOR: AllocMeter = AllocMeter;
@@ -67,12 +67,12 @@ fn without_membarrier_checks_see_every_swap_and_replaced_filters_are_freed() {
                 checked.fetch_add(count, Ordering::Relaxed);
             });
         }
+        let _stop = StopOnDrop(&stop);
         for _ in 0..REBUILDS {
             runtime.block_on(guard.rebuild()).unwrap();
             // Lets the checkers run a while on each set.
             std::thread::sleep(Duration::from_millis(2));
         }
-        stop.store(true, Ordering::Relaxed);
     });
     // No check is running now: this swap's reclaim frees whatever earlier
     // ones had to leave to it.

@@ -324,7 +324,7 @@ impl Guard {
     #[inline]
     pub(crate) fn count(&self, owner: Option<usize>, tally: VerdictTally) {
         let counters = &self.inner.counters;
-        let owner = owner.or_else(|| sections::with_thread_record(|record| record.index));
+        let owner = owner.or_else(sections::thread_record_index);
         let add = |counter: Counter, n: u64| match owner {
             Some(owner) => counters.add_for(owner, counter as usize, n),
             None => counters.add(counter as usize, n),

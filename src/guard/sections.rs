@@ -19,14 +19,16 @@
 //! process turns to fences for good (`crate::sync`). The sections of a
 //! thread that claimed its record before then did not fence, and nothing on
 //! the reclaiming side pairs with them any more; so a reclaim frees nothing
-//! until each claimed record's owner has fenced a section (it learns from
-//! its record to do so, and says from which section on) or given the record
-//! back. Replaced sets then wait for every thread that checked before the
-//! turn to check again or exit (`tests/membarrier_revoked.rs`).
+//! until each claimed record's owner has said from which of its sections on
+//! it fences (it learns from its record to do so, at its next check or
+//! count) or given the record back. Replaced sets then wait for every
+//! thread that held a record before the turn (it checked, inserted or
+//! counted) to touch a guard again or exit; one that never does holds them
+//! for as long as it lives (`tests/membarrier_revoked.rs`).
 //!
 //! Memory: a thread holds nothing between checks, so an idle thread keeps
-//! no replaced set alive (but after the turn above, until it checks again
-//! or exits). A replaced set lives until the sections that were
+//! no replaced set alive (but after the turn above, until it touches a
+//! guard again or exits). A replaced set lives until the sections that were
 //! open when it was replaced have ended; the swap waits up to
 //! [`GRACE_WAIT`] for them (a check takes nanoseconds), and a section held
 //! longer (its thread preempted mid-check, or a slow `as_ref` of a key type
@@ -114,9 +116,21 @@ impl Record {
         fence(Ordering::SeqCst);
         if !light_barrier_is_enough() {
             self.light_barrier_is_enough.store(false, Ordering::Relaxed);
-            if self.fences_from.load(Ordering::Relaxed) == NO_FENCED_SECTION {
-                let next = self.sequence.load(Ordering::Relaxed) + 1;
-                self.fences_from.store(next, Ordering::Release);
+            self.fence_from_the_next_section_if_told();
+        }
+    }
+
+    /// For the owner, outside a section: if a reclaimer told this record to
+    /// fence and it has not said from which section on, says "the next one"
+    /// (every earlier one has ended). So a thread that only counts (inserts,
+    /// outcomes, a reader's flush) stops holding up reclaims after a turn.
+    fn fence_from_the_next_section_if_told(&self) {
+        if !self.light_barrier_is_enough.load(Ordering::Relaxed)
+            && self.fences_from.load(Ordering::Relaxed) == NO_FENCED_SECTION
+        {
+            let sequence = self.sequence.load(Ordering::Relaxed);
+            if sequence.is_multiple_of(2) {
+                self.fences_from.store(sequence + 1, Ordering::Release);
             }
         }
     }
@@ -318,6 +332,15 @@ fn claim_for_this_thread() -> Option<&'static Record> {
     let record = RELEASE_AT_EXIT.try_with(|claimed| claimed.0).ok()?;
     CLAIMED.set(Some(record));
     Some(record)
+}
+
+/// The calling thread's record's index, for counting outside a read
+/// section; `None` as for [`with_thread_record`].
+pub(crate) fn thread_record_index() -> Option<usize> {
+    with_thread_record(|record| {
+        record.fence_from_the_next_section_if_told();
+        record.index
+    })
 }
 
 /// The process's registry, which every guard's sets are read under.
@@ -529,8 +552,10 @@ mod tests {
 
 /// The read-section protocol under every interleaving loom explores
 /// (`RUSTFLAGS="--cfg bloomguard_loom" cargo test --release --lib`). Both
-/// barriers are `SeqCst` fences here, the pairing `membarrier` provides; a
-/// dropped value is written to, so that a read racing its drop fails.
+/// barriers are `SeqCst` fences here, the pairing `membarrier` provides,
+/// unless a model starts its process on `membarrier` (see `crate::sync`).
+/// A dropped value writes to a cell that outlives it, so that a read racing
+/// the drop is reported as such rather than read from freed memory.
 #[cfg(all(test, bloomguard_loom))]
 mod loom_tests {
     use loom::cell::UnsafeCell;
@@ -538,9 +563,13 @@ mod loom_tests {
 
     use super::*;
 
-    struct Value(UnsafeCell<u64>);
+    struct Value(&'static UnsafeCell<u64>);
 
     impl Value {
+        fn new(value: u64) -> Self {
+            Self(Box::leak(Box::new(UnsafeCell::new(value))))
+        }
+
         fn get(&self) -> u64 {
             // SAFETY: written only by `drop`, which loom orders against this.
             self.0.with(|value| unsafe { *value })
@@ -556,8 +585,24 @@ mod loom_tests {
     /// A value of 1 published under a registry of the model's own.
     fn published_value() -> (&'static Registry, LoomArc<Published<Value>>) {
         let registry: &'static Registry = Box::leak(Box::new(Registry::new()));
-        let published = Published::new(Arc::new(Value(UnsafeCell::new(1))), registry);
+        let published = Published::new(Arc::new(Value::new(1)), registry);
         (registry, LoomArc::new(published))
+    }
+
+    /// Starts the model's process on `membarrier`: records made from here
+    /// on open sections with no fence, until a reclaim's barrier fails.
+    fn start_on_membarrier() {
+        crate::sync::loom_strategy::STRATEGY
+            .store(crate::sync::loom_strategy::MEMBARRIER, Ordering::Relaxed);
+    }
+
+    /// Replaces the value and reclaims until it is freed.
+    fn replace_and_reclaim_until_freed(published: &Published<Value>) {
+        published.replace(Arc::new(Value::new(2)));
+        while published.retired() > 0 {
+            published.reclaim(None);
+            loom::thread::yield_now();
+        }
     }
 
     /// What one section reads, on a record claimed for it and then given back.
@@ -585,7 +630,7 @@ mod loom_tests {
                 let published = LoomArc::clone(&published);
                 loom::thread::spawn(move || read_in_one_section(registry, &published))
             };
-            published.replace(Arc::new(Value(UnsafeCell::new(2))));
+            published.replace(Arc::new(Value::new(2)));
             published.reclaim(None);
             let seen = reader.join().unwrap();
             assert!(seen == 1 || seen == 2, "read {seen}");
@@ -606,7 +651,7 @@ mod loom_tests {
                 let published = LoomArc::clone(&published);
                 loom::thread::spawn(move || published.reclaim(None))
             };
-            published.replace(Arc::new(Value(UnsafeCell::new(2))));
+            published.replace(Arc::new(Value::new(2)));
             reclaimer.join().unwrap();
             let seen = reader.join().unwrap();
             assert!(seen == 1 || seen == 2, "read {seen}");
@@ -628,7 +673,7 @@ mod loom_tests {
                     (before, after)
                 })
             };
-            published.replace(Arc::new(Value(UnsafeCell::new(2))));
+            published.replace(Arc::new(Value::new(2)));
             published.reclaim(None);
             let (before, after) = reader.join().unwrap();
             assert!(before <= after && after >= 1, "read {before} then {after}");
@@ -643,10 +688,7 @@ mod loom_tests {
     fn a_nested_section_is_covered_by_the_outer_one() {
         bounded().check(|| {
             let (registry, outer) = published_value();
-            let inner = LoomArc::new(Published::new(
-                Arc::new(Value(UnsafeCell::new(1))),
-                registry,
-            ));
+            let inner = LoomArc::new(Published::new(Arc::new(Value::new(1)), registry));
             let reader = {
                 let (outer, inner) = (LoomArc::clone(&outer), LoomArc::clone(&inner));
                 loom::thread::spawn(move || {
@@ -656,7 +698,7 @@ mod loom_tests {
                     seen
                 })
             };
-            inner.replace(Arc::new(Value(UnsafeCell::new(2))));
+            inner.replace(Arc::new(Value::new(2)));
             inner.reclaim(None);
             let seen = reader.join().unwrap();
             assert!(seen == 1 || seen == 2, "read {seen}");
@@ -671,15 +713,10 @@ mod loom_tests {
     #[test]
     fn after_membarrier_fails_a_reclaim_waits_for_unfenced_sections() {
         bounded().check(|| {
+            start_on_membarrier();
             let (registry, published) = published_value();
             let record = registry.claim();
-            // As made while membarrier served (see `crate::sync` under loom).
-            record
-                .light_barrier_is_enough
-                .store(true, Ordering::Relaxed);
-            record
-                .fences_from
-                .store(NO_FENCED_SECTION, Ordering::Relaxed);
+            assert!(record.light_barrier_is_enough.load(Ordering::Relaxed));
             let reader = {
                 let published = LoomArc::clone(&published);
                 loom::thread::spawn(move || {
@@ -689,13 +726,45 @@ mod loom_tests {
                     (first, second)
                 })
             };
-            published.replace(Arc::new(Value(UnsafeCell::new(2))));
-            while published.retired() > 0 {
-                published.reclaim(None);
-                loom::thread::yield_now();
-            }
+            replace_and_reclaim_until_freed(&published);
             let (first, second) = reader.join().unwrap();
             assert!(first >= 1 && second >= first, "read {first} then {second}");
+        });
+    }
+
+    /// A record made under `membarrier` and given back, claimed again by a
+    /// reader while the reclaim turns the process to fences: the reclaim
+    /// skips a record no thread holds, so the new holder must fence (the
+    /// fence after its claim pairs with the reclaimer's after the turn).
+    #[test]
+    fn a_record_claimed_again_during_the_turn_fences() {
+        bounded().check(|| {
+            start_on_membarrier();
+            let (registry, published) = published_value();
+            Registry::release(registry.claim());
+            let reader = {
+                let published = LoomArc::clone(&published);
+                loom::thread::spawn(move || read_in_one_section(registry, &published))
+            };
+            replace_and_reclaim_until_freed(&published);
+            let seen = reader.join().unwrap();
+            assert!(seen >= 1, "read {seen}");
+        });
+    }
+
+    /// A reader makes its record (none to reuse) while the reclaim turns.
+    #[test]
+    fn a_record_made_during_the_turn_fences() {
+        bounded().check(|| {
+            start_on_membarrier();
+            let (registry, published) = published_value();
+            let reader = {
+                let published = LoomArc::clone(&published);
+                loom::thread::spawn(move || read_in_one_section(registry, &published))
+            };
+            replace_and_reclaim_until_freed(&published);
+            let seen = reader.join().unwrap();
+            assert!(seen >= 1, "read {seen}");
         });
     }
 
@@ -716,7 +785,7 @@ mod loom_tests {
                     );
                 })
             };
-            published.replace(Arc::new(Value(UnsafeCell::new(2))));
+            published.replace(Arc::new(Value::new(2)));
             replaced.store(true, Ordering::Release);
             published.reclaim(None);
             reader.join().unwrap();

@@ -65,7 +65,24 @@ pub(crate) fn refuse_membarrier() {
 
 /// Whether `membarrier`'s query command fails with `EPERM` now.
 pub(crate) fn membarrier_refused() -> bool {
+    query() == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Fails the test unless the kernel offers what bloomguard's read sections
+/// pick when they can (the private expedited command and its registration,
+/// Linux 4.14+): without it the process would start on fences, and a test
+/// of what happens when that command stops answering would test nothing.
+pub(crate) fn require_private_expedited() {
+    const NEEDED: libc::c_long = (1 << 3) | (1 << 4);
+    let offered = query();
+    assert!(
+        offered >= 0 && offered & NEEDED == NEEDED,
+        "this test needs membarrier(2) MEMBARRIER_CMD_PRIVATE_EXPEDITED (Linux 4.14+); \
+         the kernel answered {offered} to MEMBARRIER_CMD_QUERY"
+    );
+}
+
+fn query() -> libc::c_long {
     // SAFETY: the query command (0) with flags 0 reads and writes no memory.
-    let answer = unsafe { libc::syscall(libc::SYS_membarrier, 0, 0) };
-    answer == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    unsafe { libc::syscall(libc::SYS_membarrier, 0, 0) }
 }

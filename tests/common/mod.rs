@@ -16,6 +16,18 @@ pub(crate) mod redis_cluster;
 pub(crate) mod redis_server;
 pub(crate) mod tcp_proxy;
 
+/// Sets its flag when dropped: a test's own thread holds one inside
+/// `std::thread::scope`, so that workers looping until the flag is set stop
+/// also when the test panics (the scope waits for them before it passes the
+/// panic on, and would wait for ever).
+pub(crate) struct StopOnDrop<'a>(pub(crate) &'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// `user:{u}:item:{i}` keys, numbered `first..first + count` (13–30 bytes).
 pub(crate) fn keys(first: u64, count: u64) -> Vec<String> {
     (first..first + count)

@@ -15,12 +15,13 @@ mod common;
 
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
 
-use bloomguard::{Guard, Verdict, source};
+use bloomguard::Verdict;
+use common::StopOnDrop;
 use common::alloc_meter::{AllocMeter, process_live_bytes};
-use common::membarrier::{membarrier_refused, refuse_membarrier, require_private_expedited};
-use common::{StopOnDrop, keys};
+use common::membarrier::{
+    SwappedGuard, membarrier_refused, refuse_membarrier, require_private_expedited,
+};
 
 #[global_allocator]
 static ALLOCATOR: AllocMeter = AllocMeter;
@@ -42,55 +43,27 @@ const SWAPS_FREED: usize = 30;
 #[test]
 fn after_membarrier_is_refused_checks_stay_correct_and_replaced_filters_are_freed() {
     require_private_expedited();
-    let stored = keys(0, 20_000);
-    let listed = stored.clone();
-    let guard = Guard::builder()
-        .expected_items(500_000)
-        .seed(11)
-        .source(source::from_fn(move || listed.clone()))
-        .build()
-        .unwrap();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(guard.rebuild()).unwrap();
+    let swapped = SwappedGuard::new();
+    let (guard, stored, filter_bytes) = (&swapped.guard, &swapped.stored, swapped.filter_bytes);
     assert!(
         !membarrier_refused(),
         "this host refuses membarrier already"
     );
     // This thread's first check picks the barrier while membarrier serves.
     assert_ne!(guard.check(&stored[0]), Verdict::Absent);
-    let filter_bytes = guard.stats().memory_bytes as isize;
-    runtime.block_on(guard.rebuild()).unwrap();
+    swapped.swap(1);
     let before = process_live_bytes();
-    let swap = |times| {
-        for _ in 0..times {
-            runtime.block_on(guard.rebuild()).unwrap();
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    };
 
     let stop = AtomicBool::new(false);
     let checked = AtomicU64::new(0);
     let started = Barrier::new(4);
-    let check_until_stopped = |first: usize| {
-        let mut count = 0u64;
-        for key in stored.iter().cycle().skip(first) {
-            assert_ne!(guard.check(key), Verdict::Absent, "{key}");
-            count += 1;
-            if count == 1 && first < 2 {
-                started.wait();
-            }
-            if count.is_multiple_of(1_024) && stop.load(Ordering::Relaxed) {
-                break;
-            }
-        }
+    let check_until_stopped = |first, after_first: &dyn Fn()| {
+        let count = swapped.check_until(first, &stop, after_first);
         checked.fetch_add(count, Ordering::Relaxed);
     };
     let (held, kept) = std::thread::scope(|scope| {
-        scope.spawn(|| check_until_stopped(0));
-        scope.spawn(|| check_until_stopped(1));
+        scope.spawn(|| check_until_stopped(0, &|| _ = started.wait()));
+        scope.spawn(|| check_until_stopped(1, &|| _ = started.wait()));
         scope.spawn(|| {
             for n in 0u64.. {
                 guard.insert(format!("inserted:{}", n % 100_000));
@@ -106,13 +79,13 @@ fn after_membarrier_is_refused_checks_stay_correct_and_replaced_filters_are_free
         // Every thread has its record, made under membarrier.
         started.wait();
         refuse_membarrier();
-        swap(SWAPS_HELD);
+        swapped.swap(SWAPS_HELD);
         let held = process_live_bytes() - before;
         // This thread's sections fence from now on; a thread started now
         // fences from its first.
         assert_ne!(guard.check(&stored[1]), Verdict::Absent);
-        scope.spawn(|| check_until_stopped(stored.len() / 2));
-        swap(SWAPS_FREED);
+        scope.spawn(|| check_until_stopped(stored.len() / 2, &|| {}));
+        swapped.swap(SWAPS_FREED);
         (held, process_live_bytes() - before)
     });
     assert!(
@@ -124,7 +97,7 @@ fn after_membarrier_is_refused_checks_stay_correct_and_replaced_filters_are_free
         "{kept} bytes kept after {SWAPS_FREED} more swaps of a {filter_bytes}-byte filter \
          under running checks"
     );
-    runtime.block_on(guard.rebuild()).unwrap();
+    swapped.swap(1);
     let grown = process_live_bytes() - before;
 
     assert!(checked.load(Ordering::Relaxed) > 0);

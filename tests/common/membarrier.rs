@@ -86,3 +86,73 @@ fn query() -> libc::c_long {
     // SAFETY: the query command (0) with flags 0 reads and writes no memory.
     unsafe { libc::syscall(libc::SYS_membarrier, 0, 0) }
 }
+
+/// A guard over 20,000 stored keys that a test swaps under checks, sized
+/// so that each replaced filter shows in the process's live bytes.
+pub(crate) struct SwappedGuard {
+    pub(crate) guard: bloomguard::Guard,
+    pub(crate) stored: Vec<String>,
+    /// Bytes of one live filter.
+    pub(crate) filter_bytes: isize,
+    /// Runs the rebuilds on the test's own thread.
+    runtime: tokio::runtime::Runtime,
+}
+
+impl SwappedGuard {
+    /// Built and serving (one rebuild done).
+    pub(crate) fn new() -> Self {
+        let stored = super::keys(0, 20_000);
+        let listed = stored.clone();
+        let guard = bloomguard::Guard::builder()
+            .expected_items(500_000)
+            .seed(11)
+            .source(bloomguard::source::from_fn(move || listed.clone()))
+            .build()
+            .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(guard.rebuild()).unwrap();
+        let filter_bytes = guard.stats().memory_bytes as isize;
+        Self {
+            guard,
+            stored,
+            filter_bytes,
+            runtime,
+        }
+    }
+
+    /// Swaps the live filter `times` times (a rebuild each), letting the
+    /// checkers run a while on each set.
+    pub(crate) fn swap(&self, times: usize) {
+        for _ in 0..times {
+            self.runtime.block_on(self.guard.rebuild()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    /// Checks the stored keys from the `first`th on, round and round, until
+    /// `stop` is set, asserting that none is answered `Absent`; calls
+    /// `after_first` once the first is checked. Returns how many it checked.
+    pub(crate) fn check_until(
+        &self,
+        first: usize,
+        stop: &std::sync::atomic::AtomicBool,
+        after_first: impl FnOnce(),
+    ) -> u64 {
+        let mut after_first = Some(after_first);
+        let mut count = 0u64;
+        for key in self.stored.iter().cycle().skip(first) {
+            assert_ne!(self.guard.check(key), bloomguard::Verdict::Absent, "{key}");
+            count += 1;
+            if let Some(after_first) = after_first.take() {
+                after_first();
+            }
+            if count.is_multiple_of(1_024) && stop.load(std::sync::atomic::Ordering::Relaxed) {
+                break;
+            }
+        }
+        count
+    }
+}

@@ -7,7 +7,8 @@ pub(crate) mod http_client;
 pub(crate) mod items_service;
 #[cfg(all(
     target_os = "linux",
-    any(target_arch = "x86_64", target_arch = "aarch64")
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    feature = "guard"
 ))]
 pub(crate) mod membarrier;
 #[cfg(feature = "postgres")]

@@ -449,8 +449,55 @@ impl AtomicBloom {
         &self.blocks[block_index(hash, self.blocks.len() as u64)]
     }
 
+    /// [`contains_hashed`](Self::contains_hashed) detached from the borrow,
+    /// for a holder that keeps the filter alive beside it (`None` for a
+    /// filter without blocks, which no builder or decoder makes).
+    #[cfg(feature = "guard")]
+    pub(crate) fn probe(&self) -> Option<Probe> {
+        Some(Probe {
+            blocks: std::ptr::NonNull::new(self.blocks.as_ptr().cast_mut())
+                .filter(|_| !self.blocks.is_empty())?,
+            len: self.blocks.len() as u64,
+            contains: self.kernel.contains,
+        })
+    }
+
     fn words(&self) -> impl Iterator<Item = &AtomicU64> {
         self.blocks.iter().flat_map(|block| &block.0)
+    }
+}
+
+/// What [`AtomicBloom::contains_hashed`] reads, copied out of the filter:
+/// kept inline beside an `Arc` that keeps the filter alive, it saves the
+/// load that reaches the filter first (a dependent load on every check).
+#[cfg(feature = "guard")]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Probe {
+    blocks: std::ptr::NonNull<Block>,
+    len: u64,
+    contains: fn(&Block, u64) -> bool,
+}
+
+// SAFETY: a probe only reads the filter's atomics, which are `Sync`; when it
+// may do so is up to its holder (see `contains_hashed`).
+#[cfg(feature = "guard")]
+unsafe impl Send for Probe {}
+// SAFETY: as above.
+#[cfg(feature = "guard")]
+unsafe impl Sync for Probe {}
+
+#[cfg(feature = "guard")]
+impl Probe {
+    /// [`AtomicBloom::contains_hashed`] on the filter this probe was taken from.
+    ///
+    /// # Safety
+    /// That filter is alive (its blocks are freed only when it drops).
+    #[inline]
+    pub(crate) unsafe fn contains_hashed(&self, hash: u64) -> bool {
+        // SAFETY: `block_index` is below `len` (a multiply-high by it), so
+        // the block lies among the filter's `len`, alive by the caller's word.
+        let block = unsafe { &*self.blocks.as_ptr().add(block_index(hash, self.len)) };
+        (self.contains)(block, hash)
     }
 }
 

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::sections::{self, Published, Record};
 use super::writes::WriteTracker;
 use crate::error::{FilterParameter, IncompatibleFilters};
-use crate::filter::AtomicBloom;
+use crate::filter::{AtomicBloom, Probe};
 
 /// A loaded live set, held for one check or insert (arc-swap's `Guard`,
 /// named so that it is not confused with this crate's).
@@ -306,12 +306,43 @@ pub(crate) struct LiveSet {
     /// Changes whenever `generations` does.
     pub(crate) number: u64,
     /// The filter every check answers from when there is exactly one, and
-    /// neither warming nor a fence overrides it (the usual case): reached in
-    /// one load from the flags' line, where `generations` takes two and
-    /// three tests. Set as the set is published ([`Self::answering_found`]),
-    /// after every other field is final; `None` sends checks the long way,
-    /// which answers the same.
-    pub(crate) answering: Option<Arc<Generation>>,
+    /// neither warming nor a fence overrides it (the usual case): its probe
+    /// is read from this set's own memory, where `generations` takes three
+    /// loads and three tests. Set as the set is published
+    /// ([`Self::answering_found`]), after every other field is final; `None`
+    /// sends checks the long way, which answers the same.
+    pub(crate) answering: Option<Answering>,
+}
+
+/// The one filter a set answers from, with its probe copied out. Both
+/// fields stay private: the probe is sound only beside the `Arc` it was
+/// taken through.
+#[derive(Clone, Debug)]
+pub(crate) struct Answering {
+    probe: Probe,
+    generation: Arc<Generation>,
+}
+
+impl Answering {
+    fn of(generation: &Arc<Generation>) -> Option<Self> {
+        Some(Self {
+            probe: generation.filter.probe()?,
+            generation: Arc::clone(generation),
+        })
+    }
+
+    pub(crate) fn generation(&self) -> &Arc<Generation> {
+        &self.generation
+    }
+
+    /// Whether the filter may hold the key `hash` is the hash of (under the
+    /// guard's seed, which every generation has).
+    #[inline]
+    pub(crate) fn contains_hashed(&self, hash: u64) -> bool {
+        // SAFETY: the probe was taken from `generation`'s filter, which
+        // `self` keeps alive.
+        unsafe { self.probe.contains_hashed(hash) }
+    }
 }
 
 impl LiveSet {
@@ -338,7 +369,7 @@ impl LiveSet {
     /// fields, which must not change after this.
     fn answering_found(self) -> Self {
         let answering = match self.generations.as_slice() {
-            [only] if !self.warming && !self.fenced => Some(Arc::clone(only)),
+            [only] if !self.warming && !self.fenced => Answering::of(only),
             _ => None,
         };
         Self { answering, ..self }
@@ -492,7 +523,13 @@ mod tests {
                 [only] if !set.warming && !set.fenced => Some(Arc::as_ptr(only)),
                 _ => None,
             };
-            assert_eq!(set.answering.as_ref().map(Arc::as_ptr), expected, "{what}");
+            assert_eq!(
+                set.answering
+                    .as_ref()
+                    .map(|only| Arc::as_ptr(&only.generation)),
+                expected,
+                "{what}"
+            );
         }
         let new_shadow = || {
             Arc::new(Shadow {
@@ -538,6 +575,34 @@ mod tests {
             state.replace_fenced(vec![Arc::new(generation())], true);
             assert_derived(&state, "replaced and fenced");
         }
+    }
+
+    /// The probe copied into the set answers what its filter answers, for
+    /// keys in it and keys not (a probe reading the wrong block or with the
+    /// wrong kernel would lose inserted keys).
+    #[test]
+    fn the_answering_probe_answers_as_its_filter() {
+        let state = LiveState::new(LiveSet::warming().serving(vec![Arc::new(generation())]));
+        let set = state.load_full();
+        let answering = set.answering.as_ref().expect("one serving generation");
+        let filter = &answering.generation.filter;
+        for i in 0..1_000 {
+            filter.insert(format!("in:{i}"));
+        }
+        let (mut present, mut false_positives) = (0, 0);
+        for i in 0..1_000 {
+            for key in [format!("in:{i}"), format!("out:{i}")] {
+                let found = answering.contains_hashed(filter.hash(key.as_bytes()));
+                assert_eq!(found, filter.contains(&key), "{key}");
+                present += usize::from(found && key.starts_with("in:"));
+                false_positives += usize::from(found && key.starts_with("out:"));
+            }
+        }
+        assert_eq!(present, 1_000);
+        assert!(
+            false_positives < 50,
+            "{false_positives} of 1,000 absent keys"
+        );
     }
 
     #[test]

@@ -296,7 +296,9 @@ impl Guard {
         if let Some(only) = &live.answering {
             // The filter's own batch: each block prefetched as its key is
             // hashed, so the first misses start sooner than after hashing all.
-            only.filter.contains_many(keys, &mut present[..n]);
+            only.generation()
+                .filter
+                .contains_many(keys, &mut present[..n]);
         } else {
             let mut hashes = [0u64; CHECK_GROUP];
             let mut in_generation = [false; CHECK_GROUP];
@@ -368,7 +370,7 @@ impl Guard {
         // a check's path takes room in the CPU's window, which on a filter
         // larger than the cache decides how many checks' misses overlap.
         if let Some(only) = &live.answering {
-            return present_if(only.filter.contains_hashed(hash));
+            return present_if(only.contains_hashed(hash));
         }
         Self::verdict_in_any(live, hash)
     }

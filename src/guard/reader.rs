@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use arc_swap::{ArcSwap, Cache};
 
-use super::live::{Generation, LiveSet};
+use super::live::{Answering, LiveSet};
 use super::stats::VerdictTally;
 use super::{Guard, Inner, Verdict, present_if};
 
@@ -42,7 +42,7 @@ pub struct GuardReader {
     only_from: usize,
     /// The set's [`answering`](LiveSet::answering) filter, kept here: one
     /// dependent load closer than through the set.
-    only: Option<Arc<Generation>>,
+    only: Option<Answering>,
     /// Checks not yet added to the guard's counters.
     uncounted: VerdictTally,
     /// Whether the guard samples `Absent` answers (tested first: it never changes).
@@ -91,7 +91,7 @@ impl GuardReader {
             self.only = live.answering.clone();
         }
         let verdict = match &self.only {
-            Some(only) => present_if(only.filter.contains_hashed(hash)),
+            Some(only) => present_if(only.contains_hashed(hash)),
             None => self.guard.verdict_in(live, hash),
         };
         self.uncounted.add(verdict);

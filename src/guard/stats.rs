@@ -55,14 +55,6 @@ impl VerdictTally {
             Verdict::Warming => self.warming += 1,
         }
     }
-
-    /// What counting a non-`Absent` answer adds beyond the check itself.
-    pub(crate) fn answer_only(verdict: Verdict) -> Self {
-        let mut tally = Self::default();
-        tally.add(verdict);
-        tally.checks = 0;
-        tally
-    }
 }
 
 /// What the guard remembers between rebuilds.

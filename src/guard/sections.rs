@@ -88,6 +88,11 @@ impl Record {
     pub(crate) fn enter(&self) -> Section<'_> {
         let before = self.sequence.load(Ordering::Relaxed);
         if before.is_multiple_of(2) {
+            let light = self.light_barrier_is_enough.load(Ordering::Relaxed);
+            if !light {
+                // This section fences (the flag never turns back on).
+                self.fence_from_the_next_section_if_told();
+            }
             // Release: a reclaimer that reads this value (having missed the
             // close of the section before) must still see that section's
             // reads done; a relaxed store would not carry them (loom found it).
@@ -95,11 +100,7 @@ impl Record {
             // Orders the store above before the set's load, paired with the
             // reclaimer's heavy barrier (a compiler fence where membarrier
             // works).
-            let light = self.light_barrier_is_enough.load(Ordering::Relaxed);
             light_barrier(light);
-            if !light && self.fences_from.load(Ordering::Relaxed) == NO_FENCED_SECTION {
-                self.fences_from.store(before + 1, Ordering::Release);
-            }
         }
         Section {
             record: self,
@@ -122,8 +123,9 @@ impl Record {
 
     /// For the owner, outside a section: if a reclaimer told this record to
     /// fence and it has not said from which section on, says "the next one"
-    /// (every earlier one has ended). So a thread that only counts (inserts,
-    /// outcomes, a reader's flush) stops holding up reclaims after a turn.
+    /// (every earlier one has ended). Called as a section opens, and where a
+    /// thread only counts (inserts, outcomes, a reader's flush), so that such
+    /// a thread stops holding up reclaims after a turn too.
     fn fence_from_the_next_section_if_told(&self) {
         if !self.light_barrier_is_enough.load(Ordering::Relaxed)
             && self.fences_from.load(Ordering::Relaxed) == NO_FENCED_SECTION

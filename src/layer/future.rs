@@ -80,6 +80,7 @@ where
 {
     type Output = Result<R, E>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
             StateProjection::Answered { response } => Poll::Ready(Ok(response

@@ -261,6 +261,7 @@ where
         self.inner.poll_ready(cx)
     }
 
+    #[inline]
     fn call(&mut self, request: Request) -> Self::Future {
         let Shared { guard, policy } = &*self.shared;
         let Some(key) = policy.key(&request) else {

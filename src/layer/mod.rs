@@ -52,7 +52,7 @@ use std::task::{Context, Poll};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::guard::{Guard, GuardReader, Verdict};
+use crate::guard::{Guard, Verdict};
 pub use future::ResponseFuture;
 pub use http::{HttpKey, HttpPolicy, KeyFn, PathKey, key_fn};
 pub use insert::{InsertFuture, InsertLayer, InsertService};
@@ -193,7 +193,6 @@ impl<S, P> Layer<S> for GuardLayer<P> {
         GuardService {
             inner,
             shared: Arc::clone(&self.shared),
-            reader: Reader::Unused,
             shadow: self.shadow,
         }
     }
@@ -208,27 +207,13 @@ impl<P> fmt::Debug for GuardLayer<P> {
     }
 }
 
-/// A service behind a guard, made by [`GuardLayer`].
-///
-/// A clone's first request is checked with [`Guard::check`]; from its second
-/// on, it checks through a [`GuardReader`] of its own (a few ns cheaper a
-/// check). So a service cloned per request, as axum's router does, never
-/// pays for setting up a reader, and one kept per connection or worker gets
-/// the faster path.
+/// A service behind a guard, made by [`GuardLayer`]. Each request's key is
+/// checked with [`Guard::check`], so a clone per request (as axum's router
+/// makes) costs no more than a service kept per connection.
 pub struct GuardService<S, P> {
     inner: S,
     shared: Arc<Shared<P>>,
-    reader: Reader,
     shadow: bool,
-}
-
-/// How a [`GuardService`] clone checks keys (see its docs).
-enum Reader {
-    /// No request yet.
-    Unused,
-    /// One request, checked through the guard.
-    UsedOnce,
-    Cached(GuardReader),
 }
 
 impl<S, P> GuardService<S, P> {
@@ -267,19 +252,7 @@ where
         let Some(key) = policy.key(&request) else {
             return ResponseFuture::passed_through(self.inner.call(request));
         };
-        let verdict = match &mut self.reader {
-            Reader::Cached(reader) => reader.check(&key),
-            Reader::UsedOnce => {
-                let mut reader = guard.reader();
-                let verdict = reader.check(&key);
-                self.reader = Reader::Cached(reader);
-                verdict
-            }
-            Reader::Unused => {
-                self.reader = Reader::UsedOnce;
-                guard.check(&key)
-            }
-        };
+        let verdict = guard.check(&key);
         let answer = match verdict {
             Verdict::Absent if self.shadow => {
                 guard.count_shadowed_absent();
@@ -314,7 +287,6 @@ impl<S: Clone, P> Clone for GuardService<S, P> {
         Self {
             inner: self.inner.clone(),
             shared: Arc::clone(&self.shared),
-            reader: Reader::Unused,
             shadow: self.shadow,
         }
     }

@@ -37,9 +37,9 @@ fn the_loader_form_answers_absent_keys_without_allocating() {
     let keys: Vec<&'static str> = (0..10_000)
         .map(|i| &*Box::leak(format!("absent:{i}").into_boxed_str()))
         .collect();
-    // Warm-up: the first call checks through the guard, the second sets up the reader.
+    // Warm-up: a thread's first check claims its read-section record, which
+    // may allocate one.
     let _ = ready_now(service.call(keys[0]));
-    let _ = ready_now(service.call(keys[1]));
 
     let mut absent = 0;
     let allocations = allocations_in(|| {
@@ -73,11 +73,10 @@ fn the_http_form_answers_404_without_allocating() {
             request
         })
         .collect();
-    // Warm-up: a clone's first call checks through the guard (whose first
-    // use on a thread sets up arc-swap's thread-local state), its second sets
-    // up the clone's reader.
+    // Warm-up: a thread's first check claims its read-section record, which
+    // may allocate one.
     let mut requests = requests.into_iter();
-    for request in requests.by_ref().take(2) {
+    for request in requests.by_ref().take(1) {
         let _ = ready_now(service.call(request));
     }
 
@@ -94,10 +93,10 @@ fn the_http_form_answers_404_without_allocating() {
             not_found += 1;
         }
     });
-    assert_eq!(not_found, 998);
+    assert_eq!(not_found, 999);
     assert_eq!(
         allocations, 0,
-        "{allocations} allocations for 1000 absent answers"
+        "{allocations} allocations for {not_found} absent answers"
     );
 }
 

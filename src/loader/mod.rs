@@ -34,12 +34,13 @@ mod confirmed;
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
-use futures_util::future::Either;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -135,6 +136,56 @@ pub struct GuardedLoader<K, L: Loader<K>> {
     verify: Verify,
     shadow: bool,
     confirmed_absent: Option<Arc<ConfirmedAbsent>>,
+}
+
+/// What [`GuardedLoader::get`] and [`GuardedLoader::contains`] return: the
+/// guard's own answer, or the backend call, boxed.
+///
+/// Not `futures_util`'s `Either` of a `Ready`: taking the answer out of the
+/// `Ready` wrote it to memory and read it back in pieces of other widths,
+/// which the CPU cannot forward from its store buffer, and that stall cost
+/// each absent `get` ~4 ns (BENCHMARKS.md, "The loader's absent answer").
+/// A `bool` is built into the output in registers.
+enum Answer<F> {
+    /// Answered without the backend: present or not.
+    Known(bool),
+    Asking(Pin<Box<F>>),
+}
+
+/// An output that a known answer maps to.
+trait FromKnown {
+    fn from_known(present: bool) -> Self;
+}
+
+/// `get`: the guard alone only ever answers "absent".
+impl<V, E> FromKnown for Result<Option<V>, E> {
+    fn from_known(present: bool) -> Self {
+        debug_assert!(!present, "`get` asks the backend for every maybe");
+        Ok(None)
+    }
+}
+
+/// `contains`: "absent", or a "maybe" the verify policy trusts.
+impl<E> FromKnown for Result<bool, E> {
+    fn from_known(present: bool) -> Self {
+        Ok(present)
+    }
+}
+
+impl<F> Future for Answer<F>
+where
+    F: Future,
+    F::Output: FromKnown,
+{
+    type Output = F::Output;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Self::Known(present) => Poll::Ready(FromKnown::from_known(*present)),
+            Self::Asking(call) => call.as_mut().poll(cx),
+        }
+    }
 }
 
 /// Where a checked key's answer comes from.
@@ -292,11 +343,11 @@ where
         let verdict = self.inner.guard.check(key.as_ref());
         // `Verify::All` trusts nothing: every route but `Absent` asks.
         if self.route(&key, verdict, Verify::All) == Route::Absent {
-            return Either::Left(std::future::ready(Ok(None)));
+            return Answer::Known(false);
         }
         // Boxed: inline, the backend call's state would make every `get`
         // future hundreds of bytes, copied on each call, absent or not.
-        Either::Right(Box::pin(async move { self.ask(&key, verdict).await }))
+        Answer::Asking(Box::pin(async move { self.ask(&key, verdict).await }))
     }
 
     /// Whether `key` is in the store: `false` when the guard rules it out,
@@ -310,10 +361,10 @@ where
     pub fn contains(&self, key: K) -> impl Future<Output = Result<bool, Arc<L::Error>>> + '_ {
         let verdict = self.inner.guard.check(key.as_ref());
         match self.route(&key, verdict, self.verify) {
-            Route::Absent => Either::Left(std::future::ready(Ok(false))),
-            Route::Trusted => Either::Left(std::future::ready(Ok(true))),
+            Route::Absent => Answer::Known(false),
+            Route::Trusted => Answer::Known(true),
             // Boxed for the reason `get` gives.
-            Route::Ask => Either::Right(Box::pin(async move {
+            Route::Ask => Answer::Asking(Box::pin(async move {
                 Ok(self.ask(&key, verdict).await?.is_some())
             })),
         }

@@ -142,10 +142,10 @@ pub struct GuardedLoader<K, L: Loader<K>> {
 /// guard's own answer, or the backend call, boxed.
 ///
 /// Not `futures_util`'s `Either` of a `Ready`: taking the answer out of the
-/// `Ready` wrote it to memory and read it back in pieces of other widths,
-/// which the CPU cannot forward from its store buffer, and that stall cost
-/// each absent `get` ~4 ns (BENCHMARKS.md, "The loader's absent answer").
-/// A `bool` is built into the output in registers.
+/// `Ready` could write it to memory and read it back in pieces of other
+/// widths, which the CPU cannot forward from its store buffer. In a plain
+/// loop over absent keys that stall cost each `get` ~3 ns (BENCHMARKS.md,
+/// "The loader's absent answer"). A `bool` becomes the output in registers.
 enum Answer<F> {
     /// Answered without the backend: present or not.
     Known(bool),

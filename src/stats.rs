@@ -42,6 +42,8 @@ impl<const N: usize> StripedCounters<N> {
     }
 
     /// Adds `n` to counter `counter` (wrapping) in the calling thread's stripe.
+    /// (With the guard, counters that need no ordering are `ThreadCounters`.)
+    #[cfg(not(feature = "guard"))]
     #[inline]
     pub(crate) fn add(&self, counter: usize, n: u64) {
         self.add_in_stripe(self.current_stripe(), counter, n, Ordering::Relaxed);
@@ -65,11 +67,13 @@ impl<const N: usize> StripedCounters<N> {
             .fold(0, u64::wrapping_add)
     }
 
+    #[cfg(not(feature = "guard"))]
     pub(crate) fn memory_bytes(&self) -> usize {
         std::mem::size_of_val(&*self.stripes)
     }
 
     /// Replaces the total of `counter` with `value` (callers make sure no writer is active).
+    #[cfg(not(feature = "guard"))]
     pub(crate) fn set(&self, counter: usize, value: u64) {
         for (i, stripe) in self.stripes.iter().enumerate() {
             stripe[counter].store(if i == 0 { value } else { 0 }, Ordering::Relaxed);
@@ -104,11 +108,15 @@ pub(crate) struct ThreadCounters<const N: usize> {
 #[cfg(feature = "guard")]
 impl<const N: usize> ThreadCounters<N> {
     pub(crate) fn new() -> Self {
-        let owned = std::thread::available_parallelism()
-            .map_or(8, |n| n.get())
-            .saturating_mul(4)
-            .next_power_of_two()
-            .clamp(16, 256);
+        static OWNED: OnceLock<usize> = OnceLock::new();
+        // `available_parallelism` reads cgroup files: once per process, not per filter.
+        let owned = *OWNED.get_or_init(|| {
+            std::thread::available_parallelism()
+                .map_or(8, |n| n.get())
+                .saturating_mul(4)
+                .next_power_of_two()
+                .clamp(16, 256)
+        });
         let stripe = || CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0)));
         Self {
             owned: (0..owned).map(|_| stripe()).collect(),
@@ -148,11 +156,25 @@ impl<const N: usize> ThreadCounters<N> {
     }
 
     pub(crate) fn sum(&self, counter: usize) -> u64 {
-        self.owned
-            .iter()
-            .chain([&self.shared])
+        self.stripes()
             .map(|s| s[counter].load(Ordering::Relaxed))
             .fold(0, u64::wrapping_add)
+    }
+
+    /// Replaces the total of `counter` with `value` (callers make sure no writer is active).
+    pub(crate) fn set(&self, counter: usize, value: u64) {
+        for stripe in self.stripes() {
+            stripe[counter].store(0, Ordering::Relaxed);
+        }
+        self.shared[counter].store(value, Ordering::Relaxed);
+    }
+
+    pub(crate) fn memory_bytes(&self) -> usize {
+        std::mem::size_of_val(&*self.owned) + std::mem::size_of_val(&self.shared)
+    }
+
+    fn stripes(&self) -> impl Iterator<Item = &Stripe<N>> {
+        self.owned.iter().chain([&self.shared])
     }
 }
 
@@ -203,11 +225,17 @@ fn thread_stripe() -> usize {
 mod tests {
     use super::*;
 
+    /// Whichever counter the filter counts its set bits with.
     #[test]
     fn sums_across_threads() {
+        #[cfg(feature = "guard")]
+        let counter = ThreadCounters::<1>::new();
+        #[cfg(not(feature = "guard"))]
         let counter = StripedCounter::new();
         std::thread::scope(|s| {
-            for _ in 0..8 {
+            // More threads than stripes (at least 16 with the guard), so
+            // that some share one.
+            for _ in 0..40 {
                 s.spawn(|| {
                     for _ in 0..10_000 {
                         counter.add(0, 3);
@@ -215,7 +243,7 @@ mod tests {
                 });
             }
         });
-        assert_eq!(counter.sum(0), 8 * 10_000 * 3);
+        assert_eq!(counter.sum(0), 40 * 10_000 * 3);
         counter.set(0, 5);
         assert_eq!(counter.sum(0), 5);
     }

@@ -13,8 +13,8 @@
 
 mod common;
 
-use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Barrier, mpsc};
 
 use bloomguard::Verdict;
 use common::StopOnDrop;
@@ -26,19 +26,20 @@ use common::membarrier::{
 #[global_allocator]
 static ALLOCATOR: AllocMeter = AllocMeter;
 
-/// Swaps while this thread, which checked before the refusal, has not
+/// Swaps while a parked thread, which checked before the refusal, has not
 /// checked since; then swaps after it has.
 const SWAPS_HELD: usize = 10;
 const SWAPS_FREED: usize = 30;
 
 /// Checkers claim their records while `membarrier` serves; so do an
-/// inserter (which only counts, never opens a section) and this thread.
-/// Then `membarrier` is refused and the live filter is swapped 40 times
-/// under them, and a new checker starts. No stored key is answered
-/// `Absent`; nothing is freed while this thread has not checked again (its
-/// sections could still be open without a fence, as far as a reclaim can
-/// know); once it has, the replaced filters are freed while the others keep
-/// checking and inserting. Before, no reclaim after the refusal freed
+/// inserter (which only counts, never opens a section), this thread and a
+/// thread that then parks. Then `membarrier` is refused and the live filter
+/// is swapped 40 times under them, and a new checker starts. No stored key
+/// is answered `Absent`; nothing is freed while the parked thread has not
+/// checked again (its sections could still be open without a fence, as far
+/// as a reclaim can know; this thread cannot play that part, as the swaps'
+/// own inserts acknowledge the turn); once it has, the replaced filters are
+/// freed while the others keep checking and inserting. Before, no reclaim after the refusal freed
 /// anything: each swap kept its replaced filter for the life of the process.
 #[test]
 fn after_membarrier_is_refused_checks_stay_correct_and_replaced_filters_are_freed() {
@@ -56,7 +57,10 @@ fn after_membarrier_is_refused_checks_stay_correct_and_replaced_filters_are_free
 
     let stop = AtomicBool::new(false);
     let checked = AtomicU64::new(0);
-    let started = Barrier::new(4);
+    let started = Barrier::new(5);
+    // Channels, not barriers: if either side panics, the other's `recv` returns.
+    let (recheck, told_to_recheck) = mpsc::channel::<()>();
+    let (rechecked, heard_rechecked) = mpsc::channel::<()>();
     let check_until_stopped = |first, after_first: &dyn Fn()| {
         let count = swapped.check_until(first, &stop, after_first);
         checked.fetch_add(count, Ordering::Relaxed);
@@ -75,15 +79,26 @@ fn after_membarrier_is_refused_checks_stay_correct_and_replaced_filters_are_free
                 }
             }
         });
+        let started = &started;
+        scope.spawn(move || {
+            assert_ne!(guard.check(&stored[2]), Verdict::Absent);
+            started.wait();
+            if told_to_recheck.recv().is_ok() {
+                // This thread's sections fence from now on.
+                assert_ne!(guard.check(&stored[3]), Verdict::Absent);
+                rechecked.send(()).unwrap();
+            }
+        });
         let _stop = StopOnDrop(&stop);
         // Every thread has its record, made under membarrier.
         started.wait();
         refuse_membarrier();
         swapped.swap(SWAPS_HELD);
         let held = process_live_bytes() - before;
-        // This thread's sections fence from now on; a thread started now
-        // fences from its first.
+        recheck.send(()).unwrap();
+        heard_rechecked.recv().unwrap();
         assert_ne!(guard.check(&stored[1]), Verdict::Absent);
+        // A thread started now fences from its first section.
         scope.spawn(|| check_until_stopped(stored.len() / 2, &|| {}));
         swapped.swap(SWAPS_FREED);
         (held, process_live_bytes() - before)

@@ -14,7 +14,14 @@ pub(crate) use math::check_false_positive_rate;
 pub use math::{BLOCK_BITS, MAX_HASHES, MIN_FALSE_POSITIVE_RATE, Plan, plan};
 
 use crate::error::{ConfigError, FilterParameter, IncompatibleFilters};
-use crate::stats::StripedCounter;
+/// The set-bit count, added to on every insert that sets a bit. With the
+/// guard, on the stripe of the inserting thread's section record, without a
+/// locked instruction: a locked add measured ~3.5 ns of a ~38 ns insert at
+/// 1M keys. (A thread's first insert claims its record, as a first check does.)
+#[cfg(feature = "guard")]
+type SetBitsCounter = crate::stats::ThreadCounters<1>;
+#[cfg(not(feature = "guard"))]
+type SetBitsCounter = crate::stats::StripedCounter;
 use crate::sync::{AtomicU64, Ordering};
 use blocks::Blocks;
 use hash::block_index;
@@ -68,7 +75,7 @@ pub struct AtomicBloom {
     seed: u64,
     /// Items and FPR the filter was sized for; `None` for explicit sizing.
     target: Option<(u64, f64)>,
-    set_bits: StripedCounter,
+    set_bits: SetBitsCounter,
 }
 
 /// Statistics of a filter, read from its exact set-bit count.
@@ -159,7 +166,7 @@ impl AtomicBloom {
             kernel: Kernel::for_hashes(k),
             seed,
             target,
-            set_bits: StripedCounter::new(),
+            set_bits: SetBitsCounter::new(),
         }
     }
 

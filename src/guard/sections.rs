@@ -23,8 +23,9 @@
 //! it fences (it learns from its record to do so, at its next check or
 //! count) or given the record back. Replaced sets then wait for every
 //! thread that held a record before the turn (it checked, inserted or
-//! counted) to touch a guard again or exit; one that never does holds them
-//! for as long as it lives (`tests/membarrier_revoked.rs`).
+//! counted; an insert into any filter counts its set bits) to touch a guard
+//! or insert again, or exit; one that never does holds them for as long as
+//! it lives (`tests/membarrier_revoked.rs`).
 //!
 //! Memory: a thread holds nothing between checks, so an idle thread keeps
 //! no replaced set alive (but after the turn above, until it touches a
@@ -124,8 +125,9 @@ impl Record {
     /// For the owner, outside a section: if a reclaimer told this record to
     /// fence and it has not said from which section on, says "the next one"
     /// (every earlier one has ended). Called as a section opens, and where a
-    /// thread only counts (inserts, outcomes, a reader's flush), so that such
-    /// a thread stops holding up reclaims after a turn too.
+    /// thread only counts (inserts into a guard or a filter, outcomes, a
+    /// reader's flush), so that such a thread stops holding up reclaims
+    /// after a turn too.
     fn fence_from_the_next_section_if_told(&self) {
         if !self.light_barrier_is_enough.load(Ordering::Relaxed)
             && self.fences_from.load(Ordering::Relaxed) == NO_FENCED_SECTION

@@ -3,7 +3,7 @@
 //! a kernel out of memory for the expedited command). Threads that claimed
 //! their records before then open sections with no fence, which only that
 //! barrier paired with. A binary of its own: a process picks its barrier at
-//! its first check.
+//! its first check or insert.
 
 #![cfg(all(
     target_os = "linux",

@@ -4,7 +4,8 @@
 //! with asymmetric barriers).
 //!
 //! Each thread that checks owns a [`Record`] (claimed on its first check,
-//! given back when it exits). A check opens a [`Section`] on it: two plain
+//! or its first count: an insert into any filter counts its set bits with
+//! the record's stripe; given back when it exits). A check opens a [`Section`] on it: two plain
 //! stores to the thread's own cache line, around a plain load of the set's
 //! pointer ([`Published::read`]). The price moves to the rare side: after a
 //! swap, [`Published::reclaim`] issues one process-wide barrier

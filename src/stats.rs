@@ -9,24 +9,30 @@ use crate::sync::{AtomicU64, Ordering};
 /// The counters of one stripe, alone on their cache lines: `CachePadded`
 /// knows each target's line (128 bytes on x86-64, which prefetches lines in
 /// pairs, and on aarch64).
+#[cfg(feature = "guard")]
 type Stripe<const N: usize> = CachePadded<[AtomicU64; N]>;
 
-/// `N` counters split into per-thread stripes, summed on read.
+/// `N` counters split into per-thread stripes, summed on read; added to
+/// atomically, with the ordering the caller asks (the guard's count of
+/// writes in flight, which a rebuild waits on).
 ///
-/// `add` touches only the calling thread's stripe, so concurrent writers do not
+/// A thread adds only to its own stripe, so concurrent writers do not
 /// serialise on one cache line, and the `N` counters of a stripe share its
 /// lines, so bumping several of them costs one line. `sum` is exact once
 /// writers are quiet and a consistent-enough snapshot while they are not.
 /// Kept by hand: the `metrics` facade records through a global recorder
 /// (often one atomic per series), which would put a shared line back on
 /// every check.
+#[cfg(feature = "guard")]
 pub(crate) struct StripedCounters<const N: usize> {
     stripes: Box<[Stripe<N>]>,
 }
 
 /// One striped counter.
+#[cfg(feature = "guard")]
 pub(crate) type StripedCounter = StripedCounters<1>;
 
+#[cfg(feature = "guard")]
 impl<const N: usize> StripedCounters<N> {
     pub(crate) fn new() -> Self {
         let stripes = (0..stripe_count())
@@ -39,14 +45,6 @@ impl<const N: usize> StripedCounters<N> {
     #[inline]
     pub(crate) fn current_stripe(&self) -> usize {
         thread_stripe() & (self.stripes.len() - 1)
-    }
-
-    /// Adds `n` to counter `counter` (wrapping) in the calling thread's stripe.
-    /// (With the guard, counters that need no ordering are `ThreadCounters`.)
-    #[cfg(not(feature = "guard"))]
-    #[inline]
-    pub(crate) fn add(&self, counter: usize, n: u64) {
-        self.add_in_stripe(self.current_stripe(), counter, n, Ordering::Relaxed);
     }
 
     /// Adds `n` to counter `counter` in a given stripe, for callers that must
@@ -66,21 +64,9 @@ impl<const N: usize> StripedCounters<N> {
             .map(|s| s[counter].load(order))
             .fold(0, u64::wrapping_add)
     }
-
-    #[cfg(not(feature = "guard"))]
-    pub(crate) fn memory_bytes(&self) -> usize {
-        std::mem::size_of_val(&*self.stripes)
-    }
-
-    /// Replaces the total of `counter` with `value` (callers make sure no writer is active).
-    #[cfg(not(feature = "guard"))]
-    pub(crate) fn set(&self, counter: usize, value: u64) {
-        for (i, stripe) in self.stripes.iter().enumerate() {
-            stripe[counter].store(if i == 0 { value } else { 0 }, Ordering::Relaxed);
-        }
-    }
 }
 
+#[cfg(feature = "guard")]
 impl<const N: usize> std::fmt::Debug for StripedCounters<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list()
@@ -109,7 +95,7 @@ pub(crate) struct ThreadCounters<const N: usize> {
 impl<const N: usize> ThreadCounters<N> {
     pub(crate) fn new() -> Self {
         static OWNED: OnceLock<usize> = OnceLock::new();
-        // `available_parallelism` reads cgroup files: once per process, not per filter.
+        // `available_parallelism` reads cgroup files: once per process.
         let owned = *OWNED.get_or_init(|| {
             std::thread::available_parallelism()
                 .map_or(8, |n| n.get())
@@ -156,25 +142,11 @@ impl<const N: usize> ThreadCounters<N> {
     }
 
     pub(crate) fn sum(&self, counter: usize) -> u64 {
-        self.stripes()
+        self.owned
+            .iter()
+            .chain([&self.shared])
             .map(|s| s[counter].load(Ordering::Relaxed))
             .fold(0, u64::wrapping_add)
-    }
-
-    /// Replaces the total of `counter` with `value` (callers make sure no writer is active).
-    pub(crate) fn set(&self, counter: usize, value: u64) {
-        for stripe in self.stripes() {
-            stripe[counter].store(0, Ordering::Relaxed);
-        }
-        self.shared[counter].store(value, Ordering::Relaxed);
-    }
-
-    pub(crate) fn memory_bytes(&self) -> usize {
-        std::mem::size_of_val(&*self.owned) + std::mem::size_of_val(&self.shared)
-    }
-
-    fn stripes(&self) -> impl Iterator<Item = &Stripe<N>> {
-        self.owned.iter().chain([&self.shared])
     }
 }
 
@@ -183,6 +155,83 @@ impl<const N: usize> std::fmt::Debug for ThreadCounters<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list()
             .entries((0..N).map(|counter| self.sum(counter)))
+            .finish()
+    }
+}
+
+/// One counter many threads add to, each on a word of its own where it can
+/// be had: a filter's set-bit count.
+///
+/// A thread that holds a read-section record (it checked or inserted
+/// through a guard; `guard::sections`) adds to word 0 of the stripe its
+/// record's index names, with a plain load and store: one live thread owns a
+/// record at a time. Any other thread (record index past the stripes, no
+/// record, no `guard` feature) adds to word 1 of a stripe chosen by its
+/// thread number, atomically. Claiming a record just to count would
+/// allocate, and may pick the process's barrier with a system call, on a
+/// thread that only uses filters. Both words share the stripe's line, so
+/// the memory is what a striped counter alone takes.
+pub(crate) struct PerThreadCounter {
+    stripes: Box<[CachePadded<[AtomicU64; 2]>]>,
+}
+
+impl PerThreadCounter {
+    pub(crate) fn new() -> Self {
+        let stripes = (0..stripe_count())
+            .map(|_| CachePadded::new([AtomicU64::new(0), AtomicU64::new(0)]))
+            .collect();
+        Self { stripes }
+    }
+
+    /// Adds `n` (wrapping).
+    #[inline]
+    pub(crate) fn add(&self, n: u64) {
+        #[cfg(feature = "guard")]
+        if let Some(stripe) = crate::guard::sections::claimed_thread_record_index()
+            .and_then(|index| self.stripes.get(index))
+        {
+            // Only this thread writes this word: a reader summing meanwhile
+            // sees the old value or the new one.
+            let count = &stripe[0];
+            count.store(
+                count.load(Ordering::Relaxed).wrapping_add(n),
+                Ordering::Relaxed,
+            );
+            return;
+        }
+        self.stripes[thread_stripe() & (self.stripes.len() - 1)][1].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Exact once writers are quiet.
+    pub(crate) fn sum(&self) -> u64 {
+        self.stripes
+            .iter()
+            .flat_map(|stripe| stripe.iter())
+            .map(|word| word.load(Ordering::Relaxed))
+            .fold(0, u64::wrapping_add)
+    }
+
+    /// Replaces the total with `value` (callers make sure no writer is active).
+    pub(crate) fn set(&self, value: u64) {
+        for (i, word) in self
+            .stripes
+            .iter()
+            .flat_map(|stripe| stripe.iter())
+            .enumerate()
+        {
+            word.store(if i == 0 { value } else { 0 }, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn memory_bytes(&self) -> usize {
+        std::mem::size_of_val(&*self.stripes)
+    }
+}
+
+impl std::fmt::Debug for PerThreadCounter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PerThreadCounter")
+            .field(&self.sum())
             .finish()
     }
 }
@@ -225,26 +274,32 @@ fn thread_stripe() -> usize {
 mod tests {
     use super::*;
 
-    /// Whichever counter the filter counts its set bits with.
+    /// Threads with a record (on 2 cores, more of them than stripes, so
+    /// that some indices fall past them) and threads without one, all
+    /// alive at once and counting at once.
     #[test]
-    fn sums_across_threads() {
-        #[cfg(feature = "guard")]
-        let counter = ThreadCounters::<1>::new();
-        #[cfg(not(feature = "guard"))]
-        let counter = StripedCounter::new();
+    fn per_thread_counter_sums_across_threads() {
+        const THREADS: usize = 40;
+        let counter = PerThreadCounter::new();
+        let all_alive = std::sync::Barrier::new(THREADS);
         std::thread::scope(|s| {
-            // More threads than stripes (at least 16 with the guard), so
-            // that some share one.
-            for _ in 0..40 {
-                s.spawn(|| {
+            for t in 0..THREADS {
+                let (counter, all_alive) = (&counter, &all_alive);
+                s.spawn(move || {
+                    #[cfg(feature = "guard")]
+                    if t % 2 == 0 {
+                        crate::guard::sections::thread_record_index();
+                    }
+                    let _ = t;
+                    all_alive.wait();
                     for _ in 0..10_000 {
-                        counter.add(0, 3);
+                        counter.add(3);
                     }
                 });
             }
         });
-        assert_eq!(counter.sum(0), 40 * 10_000 * 3);
-        counter.set(0, 5);
-        assert_eq!(counter.sum(0), 5);
+        assert_eq!(counter.sum(), THREADS as u64 * 10_000 * 3);
+        counter.set(5);
+        assert_eq!(counter.sum(), 5);
     }
 }

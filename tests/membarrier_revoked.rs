@@ -3,7 +3,7 @@
 //! a kernel out of memory for the expedited command). Threads that claimed
 //! their records before then open sections with no fence, which only that
 //! barrier paired with. A binary of its own: a process picks its barrier at
-//! its first check or insert.
+//! its first check (or first swap).
 
 #![cfg(all(
     target_os = "linux",
@@ -50,7 +50,7 @@ fn after_membarrier_is_refused_checks_stay_correct_and_replaced_filters_are_free
         !membarrier_refused(),
         "this host refuses membarrier already"
     );
-    // This thread's first check picks the barrier while membarrier serves.
+    // This thread holds its record from here on, made while membarrier serves.
     assert_ne!(guard.check(&stored[0]), Verdict::Absent);
     swapped.swap(1);
     let before = process_live_bytes();
@@ -66,6 +66,9 @@ fn after_membarrier_is_refused_checks_stay_correct_and_replaced_filters_are_free
         checked.fetch_add(count, Ordering::Relaxed);
     };
     let (held, kept) = std::thread::scope(|scope| {
+        // Owned by this closure, so that its unwinding drops it and the
+        // parked thread's `recv` returns.
+        let recheck = recheck;
         scope.spawn(|| check_until_stopped(0, &|| _ = started.wait()));
         scope.spawn(|| check_until_stopped(1, &|| _ = started.wait()));
         scope.spawn(|| {

@@ -243,7 +243,7 @@ fn decode(
             "set-bit count does not match the payload",
         ));
     }
-    filter.set_bits.set(0, set_bits);
+    filter.set_bits.set(set_bits);
     Ok(filter)
 }
 

@@ -4,8 +4,7 @@
 //! with asymmetric barriers).
 //!
 //! Each thread that checks owns a [`Record`] (claimed on its first check,
-//! or its first count: an insert into any filter counts its set bits with
-//! the record's stripe; given back when it exits). A check opens a [`Section`] on it: two plain
+//! given back when it exits). A check opens a [`Section`] on it: two plain
 //! stores to the thread's own cache line, around a plain load of the set's
 //! pointer ([`Published::read`]). The price moves to the rare side: after a
 //! swap, [`Published::reclaim`] issues one process-wide barrier
@@ -24,9 +23,9 @@
 //! it fences (it learns from its record to do so, at its next check or
 //! count) or given the record back. Replaced sets then wait for every
 //! thread that held a record before the turn (it checked, inserted or
-//! counted; an insert into any filter counts its set bits) to touch a guard
-//! or insert again, or exit; one that never does holds them for as long as
-//! it lives (`tests/membarrier_revoked.rs`).
+//! counted) to touch a guard again (or set a bit in any filter) or exit;
+//! one that never does holds them for as long as it lives
+//! (`tests/membarrier_revoked.rs`).
 //!
 //! Memory: a thread holds nothing between checks, so an idle thread keeps
 //! no replaced set alive (but after the turn above, until it touches a
@@ -126,9 +125,9 @@ impl Record {
     /// For the owner, outside a section: if a reclaimer told this record to
     /// fence and it has not said from which section on, says "the next one"
     /// (every earlier one has ended). Called as a section opens, and where a
-    /// thread only counts (inserts into a guard or a filter, outcomes, a
-    /// reader's flush), so that such a thread stops holding up reclaims
-    /// after a turn too.
+    /// thread only counts (inserts, outcomes, a reader's flush; the set bits
+    /// of a filter insert on a thread that holds a record), so that such a
+    /// thread stops holding up reclaims after a turn too.
     fn fence_from_the_next_section_if_told(&self) {
         if !self.light_barrier_is_enough.load(Ordering::Relaxed)
             && self.fences_from.load(Ordering::Relaxed) == NO_FENCED_SECTION
@@ -346,6 +345,21 @@ pub(crate) fn thread_record_index() -> Option<usize> {
         record.fence_from_the_next_section_if_told();
         record.index
     })
+}
+
+/// [`thread_record_index`] for a thread that holds its record already;
+/// `None` (and nothing claimed) otherwise.
+#[cfg(not(bloomguard_loom))]
+#[inline]
+pub(crate) fn claimed_thread_record_index() -> Option<usize> {
+    let record = CLAIMED.get()?;
+    record.fence_from_the_next_section_if_told();
+    Some(record.index)
+}
+
+#[cfg(bloomguard_loom)]
+pub(crate) fn claimed_thread_record_index() -> Option<usize> {
+    None
 }
 
 /// The process's registry, which every guard's sets are read under.

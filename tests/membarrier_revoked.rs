@@ -84,8 +84,9 @@ fn after_membarrier_is_refused_checks_stay_correct_and_replaced_filters_are_free
         });
         let started = &started;
         scope.spawn(move || {
-            assert_ne!(guard.check(&stored[2]), Verdict::Absent);
+            let first = guard.check(&stored[2]);
             started.wait();
+            assert_ne!(first, Verdict::Absent);
             if told_to_recheck.recv().is_ok() {
                 // This thread's sections fence from now on.
                 assert_ne!(guard.check(&stored[3]), Verdict::Absent);

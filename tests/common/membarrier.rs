@@ -134,7 +134,9 @@ impl SwappedGuard {
 
     /// Checks the stored keys from the `first`th on, round and round, until
     /// `stop` is set, asserting that none is answered `Absent`; calls
-    /// `after_first` once the first is checked. Returns how many it checked.
+    /// `after_first` once the first is checked, before asserting on it (a
+    /// barrier there must not wait for a thread that panicked). Returns how
+    /// many it checked.
     pub(crate) fn check_until(
         &self,
         first: usize,
@@ -144,11 +146,12 @@ impl SwappedGuard {
         let mut after_first = Some(after_first);
         let mut count = 0u64;
         for key in self.stored.iter().cycle().skip(first) {
-            assert_ne!(self.guard.check(key), bloomguard::Verdict::Absent, "{key}");
-            count += 1;
+            let verdict = self.guard.check(key);
             if let Some(after_first) = after_first.take() {
                 after_first();
             }
+            assert_ne!(verdict, bloomguard::Verdict::Absent, "{key}");
+            count += 1;
             if count.is_multiple_of(1_024) && stop.load(std::sync::atomic::Ordering::Relaxed) {
                 break;
             }

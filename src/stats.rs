@@ -280,6 +280,8 @@ mod tests {
     #[test]
     fn per_thread_counter_sums_across_threads() {
         const THREADS: usize = 40;
+        // Enough that threads sharing a word would lose additions.
+        const ADDS: usize = 200_000;
         let counter = PerThreadCounter::new();
         let all_alive = std::sync::Barrier::new(THREADS);
         std::thread::scope(|s| {
@@ -292,13 +294,17 @@ mod tests {
                     }
                     let _ = t;
                     all_alive.wait();
-                    for _ in 0..10_000 {
+                    for i in 0..ADDS {
                         counter.add(3);
+                        if i % 1024 == 0 {
+                            // Interleave, so that threads on one stripe overlap.
+                            std::thread::yield_now();
+                        }
                     }
                 });
             }
         });
-        assert_eq!(counter.sum(), THREADS as u64 * 10_000 * 3);
+        assert_eq!(counter.sum(), (THREADS * ADDS) as u64 * 3);
         counter.set(5);
         assert_eq!(counter.sum(), 5);
     }

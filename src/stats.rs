@@ -124,15 +124,7 @@ impl<const N: usize> ThreadCounters<N> {
     #[inline(always)]
     pub(crate) fn add_for(&self, index: usize, counter: usize, n: u64) {
         match self.owned.get(index) {
-            Some(stripe) => {
-                // Only this thread writes this stripe: a reader summing
-                // meanwhile sees the old value or the new one.
-                let count = &stripe[counter];
-                count.store(
-                    count.load(Ordering::Relaxed).wrapping_add(n),
-                    Ordering::Relaxed,
-                );
-            }
+            Some(stripe) => add_as_its_only_writer(&stripe[counter], n),
             None => self.add_shared(counter, n),
         }
     }
@@ -157,6 +149,18 @@ impl<const N: usize> std::fmt::Debug for ThreadCounters<N> {
             .entries((0..N).map(|counter| self.sum(counter)))
             .finish()
     }
+}
+
+/// Adds `n` (wrapping) to a word only the calling thread writes, without a
+/// locked instruction: a reader summing meanwhile sees the old value or the
+/// new one.
+#[cfg(feature = "guard")]
+#[inline(always)]
+fn add_as_its_only_writer(count: &AtomicU64, n: u64) {
+    count.store(
+        count.load(Ordering::Relaxed).wrapping_add(n),
+        Ordering::Relaxed,
+    );
 }
 
 /// One counter many threads add to, each on a word of its own where it can
@@ -190,13 +194,7 @@ impl PerThreadCounter {
         if let Some(stripe) = crate::guard::sections::claimed_thread_record_index()
             .and_then(|index| self.stripes.get(index))
         {
-            // Only this thread writes this word: a reader summing meanwhile
-            // sees the old value or the new one.
-            let count = &stripe[0];
-            count.store(
-                count.load(Ordering::Relaxed).wrapping_add(n),
-                Ordering::Relaxed,
-            );
+            add_as_its_only_writer(&stripe[0], n);
             return;
         }
         self.stripes[thread_stripe() & (self.stripes.len() - 1)][1].fetch_add(n, Ordering::Relaxed);

@@ -122,6 +122,15 @@ impl Record {
         }
     }
 
+    /// For the owner, outside a section: the index its counters add under,
+    /// acknowledging a turn on the way (a counting thread must not hold up
+    /// reclaims, see below).
+    #[inline]
+    fn index_for_counting(&self) -> usize {
+        self.fence_from_the_next_section_if_told();
+        self.index
+    }
+
     /// For the owner, outside a section: if a reclaimer told this record to
     /// fence and it has not said from which section on, says "the next one"
     /// (every earlier one has ended). Called as a section opens, and where a
@@ -341,10 +350,7 @@ fn claim_for_this_thread() -> Option<&'static Record> {
 /// The calling thread's record's index, for counting outside a read
 /// section; `None` as for [`with_thread_record`].
 pub(crate) fn thread_record_index() -> Option<usize> {
-    with_thread_record(|record| {
-        record.fence_from_the_next_section_if_told();
-        record.index
-    })
+    with_thread_record(Record::index_for_counting)
 }
 
 /// [`thread_record_index`] for a thread that holds its record already;
@@ -352,9 +358,7 @@ pub(crate) fn thread_record_index() -> Option<usize> {
 #[cfg(not(bloomguard_loom))]
 #[inline]
 pub(crate) fn claimed_thread_record_index() -> Option<usize> {
-    let record = CLAIMED.get()?;
-    record.fence_from_the_next_section_if_told();
-    Some(record.index)
+    CLAIMED.get().map(Record::index_for_counting)
 }
 
 #[cfg(bloomguard_loom)]

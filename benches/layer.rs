@@ -110,6 +110,15 @@ where
     }
 }
 
+/// A criterion id for a path's name: "layer, one service" → "layer-one-service".
+fn slug(name: &str) -> String {
+    name.split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|word| !word.is_empty())
+        .map(str::to_ascii_lowercase)
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
 fn leak(keys: &KeySet) -> Vec<&'static [u8]> {
     (0..keys.len())
         .map(|i| &*Box::leak(keys.get(i).to_vec().into_boxed_slice()))
@@ -248,23 +257,9 @@ fn main() {
             .warm_up_time(Duration::from_secs(1))
             .measurement_time(Duration::from_secs(2));
         bench_calls(&mut group, "bare/no-op", &absent, no_op());
-        bench_keys(&mut group, "absent/raw-contains", &absent, |key| {
-            raw.contains(key)
-        });
-        bench_calls(&mut group, "absent/guarded", &absent, layer.layer(no_op()));
-        bench_calls(
-            &mut group,
-            "absent/guarded-clone-per-call",
-            &absent,
-            ClonePerCall(layer.layer(no_op())),
-        );
-        // What the loader's path starts from.
-        bench_keys(&mut group, "absent/guard-check", &absent, |key| {
-            loader.guard().check(key).is_absent()
-        });
-        bench_keys(&mut group, "absent/loader-get", &absent, |key| {
-            poll_ready_now(loader.get(key)).unwrap().is_some()
-        });
+        for (path, call) in &mut paths {
+            bench_keys(&mut group, &format!("absent/{}", slug(path)), &absent, call);
+        }
         bench_calls(
             &mut group,
             "maybe-present/guarded",

@@ -256,10 +256,11 @@ pub enum RebuildError {
     TimedOut(Duration),
     /// The new filter could not be sized (over the memory budget).
     Config(ConfigError),
-    /// A filter was merged into the guard ([`Guard::merge_filter`](crate::Guard::merge_filter)) while
-    /// this rebuild ran, and could not be merged into the new filter too
-    /// (another size): swapping would lose its keys. A later rebuild (the
-    /// maintenance task retries) reads them from the store.
+    /// A filter was merged into the guard ([`Guard::merge_filter`](crate::Guard::merge_filter)),
+    /// or a fleet snapshot replaced its filters, while this rebuild ran, and
+    /// could not be merged into the new filter too (another size): swapping
+    /// would lose its keys. A later rebuild (the maintenance task retries)
+    /// reads them from the store.
     MergedDuringRebuild,
     /// The rebuild's future was dropped before it finished (its caller was
     /// cancelled, or the maintenance task stopped).

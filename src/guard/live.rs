@@ -105,12 +105,16 @@ impl LiveState {
 
     /// Whether every insert that may have missed the shadow installed last
     /// is done: the set's own count, then the earlier shadows' (a pending
-    /// write moves from the first to the second, never back).
+    /// write moves from the first to the second, never back). An earlier
+    /// tracker is dropped only once it is quiet *after* the own count was:
+    /// until then a write counted in the own one may still move into it.
     pub(crate) fn writes_quiet(&self) -> bool {
-        let own_quiet = self.writes.is_quiet();
+        if !self.writes.is_quiet() {
+            return false;
+        }
         let mut earlier = lock(&self.earlier_writes);
         earlier.retain(|writes| !writes.is_quiet());
-        own_quiet && earlier.is_empty()
+        earlier.is_empty()
     }
 
     /// Starts sending inserts to a rebuild's shadow as well as to the live
@@ -226,13 +230,8 @@ impl LiveState {
             }
             None => {}
         }
-        if let Some(shadow) = &set.shadow
-            && shadow.generation.filter.union(&filter).is_err()
-        {
-            // Read by `commit_shadow`, under this same lock.
-            shadow
-                .missed_a_merge
-                .store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(shadow) = &set.shadow {
+            shadow.take_merged(&filter);
         }
         if set.newest().is_none() {
             self.publish(set.replaced(vec![Arc::new(first(filter))]));
@@ -257,13 +256,22 @@ impl LiveState {
     /// Replaces the generations with `generations` (a fleet snapshot) and
     /// fences the set in the same store, so that no check sees the new
     /// filters before the caller has replayed what they lack. Ends warming
-    /// when `covers_the_store`. A rebuild's shadow stays installed: it holds
-    /// the store and every insert since it was installed, so its commit
-    /// loses nothing.
+    /// when `covers_the_store`.
+    ///
+    /// A rebuild's shadow stays installed, and takes the snapshot's filters
+    /// as it takes a merge's: it holds the store as scanned and every insert
+    /// made here since, but not the keys other instances wrote meanwhile,
+    /// which the snapshot brings in place of the stream entries the caller
+    /// skips. Where the geometry differs, its commit is refused instead.
     #[cfg(feature = "redis")]
     pub(crate) fn replace_fenced(&self, generations: Vec<Arc<Generation>>, covers_the_store: bool) {
         let _swap = lock(&self.swap_lock);
         let set = self.set.load();
+        if let Some(shadow) = &set.shadow {
+            for generation in &generations {
+                shadow.take_merged(&generation.filter);
+            }
+        }
         let mut next = set.replaced(generations);
         next.fenced = true;
         next.warming &= !covers_the_store;
@@ -469,9 +477,22 @@ pub(crate) struct Shadow {
     /// Shared with the pending writes that count on this filter, and kept
     /// by the guard after this build ends (see `LiveState`).
     pub(crate) writes: Arc<WriteTracker>,
-    /// Set when a filter merged into the live set could not be merged into
-    /// this one: committing it would lose that filter's keys.
+    /// Set when a filter merged into the live set (or a snapshot replacing
+    /// it) could not be merged into this one: committing it would lose that
+    /// filter's keys.
     pub(crate) missed_a_merge: AtomicBool,
+}
+
+impl Shadow {
+    /// ORs `filter`, put into the live set, into this one too; marks the
+    /// shadow as having missed it where the geometry differs. Callers hold
+    /// the swap lock, which `LiveState::commit_shadow` reads the mark under.
+    fn take_merged(&self, filter: &AtomicBloom) {
+        if self.generation.filter.union(filter).is_err() {
+            self.missed_a_merge
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 /// The locking rule at work: changes racing from many threads each see the
@@ -531,13 +552,6 @@ mod tests {
                 "{what}"
             );
         }
-        let new_shadow = || {
-            Arc::new(Shadow {
-                generation: Arc::new(generation()),
-                writes: Arc::new(WriteTracker::new()),
-                missed_a_merge: AtomicBool::new(false),
-            })
-        };
         let state = LiveState::new(LiveSet::warming());
         assert_derived(&state, "warming, no filter");
         let merged = FilterBuilder::for_items(1_000, 0.01)
@@ -602,6 +616,85 @@ mod tests {
         assert!(
             false_positives < 50,
             "{false_positives} of 1,000 absent keys"
+        );
+    }
+
+    fn new_shadow() -> Arc<Shadow> {
+        Arc::new(Shadow {
+            generation: Arc::new(generation()),
+            writes: Arc::new(WriteTracker::new()),
+            missed_a_merge: AtomicBool::new(false),
+        })
+    }
+
+    /// A pending write that loaded a set with shadow S1, and moves its count
+    /// from the guard's tracker to S1's after S1 was committed: a rebuild
+    /// installed meanwhile must wait for it. Pruning S1's tracker while the
+    /// guard's own count was still up lost the write (a false negative once
+    /// that rebuild commits without the key).
+    #[test]
+    fn a_write_moving_to_an_earlier_shadow_keeps_the_next_rebuild_waiting() {
+        let state = LiveState::new(LiveSet::warming().serving(vec![Arc::new(generation())]));
+        let first = new_shadow();
+        state.install_shadow(Arc::clone(&first));
+        let stripe = state.writes().enter();
+        let seen = state.load_full();
+        assert!(state.commit_shadow(&first));
+        state.install_shadow(new_shadow());
+        assert!(!state.writes_quiet(), "the write is counted in the guard");
+        let shadow_stripe = seen.shadow.as_ref().unwrap().writes.enter();
+        state.writes().exit(stripe);
+        assert!(
+            !state.writes_quiet(),
+            "the write is counted in the first shadow's tracker now"
+        );
+        seen.shadow.as_ref().unwrap().writes.exit(shadow_stripe);
+        assert!(state.writes_quiet(), "the write is done");
+    }
+
+    /// A set replaced from a snapshot while a rebuild's shadow is installed:
+    /// the snapshot's keys (written to the store by other instances, maybe
+    /// after the rebuild's scan passed them) must survive the commit.
+    #[cfg(feature = "redis")]
+    #[test]
+    fn a_commit_after_a_snapshot_replaced_the_set_keeps_its_keys() {
+        let snapshot_of = |key: &str| {
+            let generation = generation();
+            generation.filter.insert(key);
+            vec![Arc::new(generation)]
+        };
+        // The same geometry: the shadow takes the snapshot's bits.
+        let state = LiveState::new(LiveSet::warming());
+        let shadow = new_shadow();
+        state.install_shadow(Arc::clone(&shadow));
+        state.replace_fenced(snapshot_of("from the fleet"), true);
+        assert!(state.commit_shadow(&shadow));
+        assert!(
+            state.load().generations[0]
+                .filter
+                .contains("from the fleet")
+        );
+        // Another geometry: the commit is refused and the snapshot stays.
+        let state = LiveState::new(LiveSet::warming());
+        let other_size = Arc::new(Shadow {
+            generation: Arc::new(Generation::new(
+                FilterBuilder::for_items(5_000, 0.01)
+                    .seed(7)
+                    .build()
+                    .unwrap(),
+                5_000,
+                0.01,
+            )),
+            writes: Arc::new(WriteTracker::new()),
+            missed_a_merge: AtomicBool::new(false),
+        });
+        state.install_shadow(Arc::clone(&other_size));
+        state.replace_fenced(snapshot_of("from the fleet"), true);
+        assert!(!state.commit_shadow(&other_size), "the commit is refused");
+        assert!(
+            state.load().generations[0]
+                .filter
+                .contains("from the fleet")
         );
     }
 

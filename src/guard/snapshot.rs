@@ -254,6 +254,70 @@ mod tests {
         }
     }
 
+    /// A source whose pass lists its keys at once (before the test writes
+    /// more) and yields them only once the gate opens: a slow scan that has
+    /// passed the keys written later.
+    struct GatedSource {
+        keys: Vec<Vec<u8>>,
+        gate: Arc<tokio::sync::Semaphore>,
+    }
+
+    impl crate::KeySource for GatedSource {
+        fn scan(&self) -> crate::guard::source::KeyStream<'_> {
+            let (keys, gate) = (self.keys.clone(), Arc::clone(&self.gate));
+            Box::pin(futures_util::stream::once(async move {
+                gate.acquire().await.expect("never closed").forget();
+                Ok(keys)
+            }))
+        }
+    }
+
+    /// A member that adopts the fleet's snapshot while its own first build
+    /// is scanning: the key another instance wrote after the scan passed it
+    /// is in the snapshot only, and must stay after that build commits.
+    #[tokio::test]
+    async fn a_rebuild_that_commits_after_a_snapshot_keeps_the_snapshots_keys() {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let member = Guard::builder()
+            .expected_items(1_000)
+            .seed(3)
+            .source(GatedSource {
+                keys: vec![b"in the store before".to_vec()],
+                gate: Arc::clone(&gate),
+            })
+            .rebuild_policy(crate::RebuildPolicy::default().write_settle(Duration::ZERO))
+            .build()
+            .unwrap();
+        let rebuild = tokio::spawn({
+            let member = member.clone();
+            async move { member.rebuild().await }
+        });
+        while member.inner.live.load().shadow.is_none() {
+            tokio::task::yield_now().await;
+        }
+        let other = Guard::builder()
+            .expected_items(1_000)
+            .seed(3)
+            .build()
+            .unwrap();
+        other.insert("written by another instance");
+        let snapshot = LiveSnapshot::from_bytes(&other.encode_live_set().unwrap()).unwrap();
+        member.replace_from_snapshot(snapshot, true, false).unwrap();
+        member.set_fenced(false);
+        assert!(!member.check("written by another instance").is_absent());
+
+        gate.add_permits(1);
+        rebuild
+            .await
+            .unwrap()
+            .expect("the same geometry: the build commits");
+        assert!(
+            !member.check("written by another instance").is_absent(),
+            "the committed build lost the snapshot's key"
+        );
+        assert!(!member.check("in the store before").is_absent());
+    }
+
     #[test]
     fn a_set_of_another_seed_is_refused() {
         let guard = Guard::builder()

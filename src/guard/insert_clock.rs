@@ -13,6 +13,10 @@
 //! A write held open by a `PendingWrite` may land in the store any time
 //! before the drop, long after its insert's stamp: while one is open, its
 //! stripe counts as "inserted now".
+//!
+//! Some changes bring keys in without an insert of each: a fleet snapshot
+//! replacing the set (its keys' stream entries are skipped), a merged
+//! filter, a rebuild's commit. Each stamps every stripe at once.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -26,6 +30,9 @@ pub(crate) struct InsertClock {
     base: Instant,
     /// Nanoseconds after `base` of the latest insert into each stripe.
     last_insert: Box<[AtomicU64]>,
+    /// Nanoseconds after `base` of the latest change that stamped every
+    /// stripe at once ([`stamp_every_key`](Self::stamp_every_key)).
+    every_key: AtomicU64,
     /// `PendingWrite`s open in each stripe.
     pending: Box<[AtomicU32]>,
 }
@@ -35,6 +42,7 @@ impl InsertClock {
         Self {
             base: Instant::now(),
             last_insert: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            every_key: AtomicU64::new(0),
             pending: (0..STRIPES).map(|_| AtomicU32::new(0)).collect(),
         }
     }
@@ -45,6 +53,13 @@ impl InsertClock {
         let now = self.ticks(Instant::now());
         // SeqCst: an insert that returned before a cache read began is seen by it.
         self.stripe(hash).fetch_max(now, Ordering::SeqCst);
+    }
+
+    /// Stamps an insert of every key, now: for a change that brings keys in
+    /// without inserting each. Call it before the change is visible.
+    pub(crate) fn stamp_every_key(&self) {
+        let now = self.ticks(Instant::now());
+        self.every_key.fetch_max(now, Ordering::SeqCst);
     }
 
     /// Opens a pending write of the key hashing to `hash` (stamped too).
@@ -65,9 +80,11 @@ impl InsertClock {
     /// Inserts from before the clock started were not stamped: it answers
     /// "maybe" for any `since` up to its start.
     pub(crate) fn inserted_since(&self, hash: u64, since: Instant) -> bool {
+        let since_ticks = self.ticks(since);
         since <= self.base
             || self.pending[stripe_of(hash)].load(Ordering::SeqCst) > 0
-            || self.stripe(hash).load(Ordering::SeqCst) >= self.ticks(since)
+            || self.every_key.load(Ordering::SeqCst) >= since_ticks
+            || self.stripe(hash).load(Ordering::SeqCst) >= since_ticks
     }
 
     fn stripe(&self, hash: u64) -> &AtomicU64 {

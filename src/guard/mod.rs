@@ -428,6 +428,7 @@ impl Guard {
     /// [`IncompatibleFilters`] unless the filter has the newest filter's bits,
     /// k and seed (while warming: the guard's seed).
     pub fn merge_filter(&self, filter: AtomicBloom) -> Result<(), IncompatibleFilters> {
+        self.stamp_every_key();
         self.inner.live.merge(filter, self.inner.seed, |filter| {
             let capacity = filter.stats().capacity.unwrap_or(self.inner.expected_items);
             Generation::new(filter, capacity, self.first_filter_rate())
@@ -605,6 +606,14 @@ impl Guard {
     fn stamp_insert(&self, hash: u64) {
         if let Some(clock) = self.inner.insert_clock.get() {
             clock.stamp(hash);
+        }
+    }
+
+    /// Stamps an insert of every key when inserts are timed: before a
+    /// change that brings keys in without inserting each (see `insert_clock`).
+    pub(crate) fn stamp_every_key(&self) {
+        if let Some(clock) = self.inner.insert_clock.get() {
+            clock.stamp_every_key();
         }
     }
 

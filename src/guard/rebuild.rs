@@ -233,6 +233,8 @@ impl<'a> Installed<'a> {
     /// would be lost by that (then it is abandoned).
     fn commit(mut self, keys: u64) -> Result<(), RebuildError> {
         let inner = &self.guard.inner;
+        // The store's keys come in through the scan, not one insert each.
+        self.guard.stamp_every_key();
         if !inner.live.commit_shadow(&self.shadow) {
             return Err(RebuildError::MergedDuringRebuild);
         }

@@ -153,6 +153,7 @@ impl Guard {
                 Arc::new(generation)
             })
             .collect();
+        self.stamp_every_key();
         self.inner
             .live
             .replace_fenced(generations, covers_the_store);
@@ -316,6 +317,51 @@ mod tests {
             "the committed build lost the snapshot's key"
         );
         assert!(!member.check("in the store before").is_absent());
+    }
+
+    /// A member that replaces its set with the fleet's snapshot skips the
+    /// stream entries the snapshot covers, and with them the per-key insert
+    /// stamps the loader's confirmed-absent cache trusts: an answer cached
+    /// before must not hide a key whose write lands after the replacement.
+    #[tokio::test(start_paused = true)]
+    async fn a_cached_absent_does_not_outlive_a_replacement_by_a_snapshot() {
+        let settle = Duration::from_millis(100);
+        let member = Guard::builder()
+            .expected_items(1_000)
+            .seed(5)
+            .rebuild_policy(crate::RebuildPolicy::default().write_settle(settle))
+            .build()
+            .unwrap();
+        let store = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+        let listed = Arc::clone(&store);
+        let loader = crate::GuardedLoader::new(member.clone(), move |key: String| {
+            let found = listed.lock().unwrap().contains(&key);
+            async move { Ok::<_, std::convert::Infallible>(found.then_some(())) }
+        })
+        .confirmed_absent_cache(100, Duration::from_secs(60))
+        .unwrap();
+        member.insert("item:1"); // a false positive for now
+        tokio::time::advance(2 * settle).await;
+        assert_eq!(loader.get("item:1".into()).await.unwrap(), None);
+        assert_eq!(loader.get("item:1".into()).await.unwrap(), None);
+        assert_eq!(member.stats().confirmed_absent_hits, 1, "cached");
+
+        let other = Guard::builder()
+            .expected_items(1_000)
+            .seed(5)
+            .build()
+            .unwrap();
+        other.insert("item:1");
+        let snapshot = LiveSnapshot::from_bytes(&other.encode_live_set().unwrap()).unwrap();
+        member.replace_from_snapshot(snapshot, true, false).unwrap();
+        member.set_fenced(false);
+        // The other instance's write lands within its settle.
+        store.lock().unwrap().insert("item:1".to_string());
+        assert_eq!(
+            loader.get("item:1".into()).await.unwrap(),
+            Some(()),
+            "an answer cached before the snapshot hid a key it brought"
+        );
     }
 
     #[test]

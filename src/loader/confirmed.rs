@@ -6,8 +6,10 @@
 //! trusted only while its key has had no insert since the backend was asked
 //! minus the write settle: a write lands within that settle of its insert
 //! (the contract rebuilds rely on), so a backend read that began later saw
-//! it. The check is made on every read, so an insert needs no hook into
-//! this cache and nothing this cache evicts can matter for correctness.
+//! it. Changes that bring keys in without inserting each (a fleet
+//! snapshot, a merged filter, a rebuild) count as an insert of every key.
+//! The check is made on every read, so an insert needs no hook into this
+//! cache and nothing this cache evicts can matter for correctness.
 //!
 //! Storage is moka's: bounded, with per-entry expiry and an admission
 //! policy that keeps the frequently asked keys when it is full.

@@ -286,6 +286,9 @@ where
     /// which a write reaches the store after its insert), and never while a
     /// [`PendingWrite`](crate::PendingWrite) for it is open. For that the
     /// guard stamps each insert's time from now on (one atomic per insert).
+    /// A rebuild's swap, a [`Guard::merge_filter`] and a fleet snapshot
+    /// bring keys in without inserting each: they count as an insert of
+    /// every key, so the cache asks again after each.
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {

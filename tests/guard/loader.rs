@@ -355,6 +355,46 @@ async fn a_cached_absent_never_hides_a_write_still_pending() {
     drop(early);
 }
 
+/// A filter merged into the guard brings keys the store holds without an
+/// insert of each: no answer cached before the merge may hide one of them.
+#[tokio::test(start_paused = true)]
+async fn a_cached_absent_does_not_outlive_a_merged_filter() {
+    let guard = guard_settling();
+    let store = Arc::new(std::sync::Mutex::new(
+        std::collections::HashSet::<String>::new(),
+    ));
+    let listed = Arc::clone(&store);
+    let loader = GuardedLoader::new(guard.clone(), move |key: String| {
+        let found = listed.lock().unwrap().contains(&key);
+        async move { Ok::<_, std::io::Error>(found.then_some(())) }
+    })
+    .confirmed_absent_cache(100, Duration::from_secs(60))
+    .unwrap();
+    guard.insert("item:1"); // in the filter, not (yet) in the store
+    tokio::time::advance(2 * SETTLE).await;
+    assert_eq!(loader.get("item:1".into()).await.unwrap(), None);
+    assert_eq!(loader.get("item:1".into()).await.unwrap(), None);
+    assert_eq!(guard.stats().confirmed_absent_hits, 1, "cached");
+
+    // Another process's filter, whose keys it wrote to the store itself.
+    let theirs = {
+        let live = guard.live_filters();
+        let ours = live.newest().unwrap();
+        bloomguard::FilterBuilder::with_params(ours.bits(), ours.k())
+            .seed(ours.seed())
+            .build()
+            .unwrap()
+    };
+    theirs.insert("item:1");
+    store.lock().unwrap().insert("item:1".into());
+    guard.merge_filter(theirs).unwrap();
+    assert_eq!(
+        loader.get("item:1".into()).await.unwrap(),
+        Some(()),
+        "an answer cached before the merge hid a key the merge brought"
+    );
+}
+
 #[tokio::test]
 async fn a_confirmed_absent_cache_needs_room_and_a_sane_ttl() {
     let guard = Guard::builder().build().unwrap();

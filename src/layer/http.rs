@@ -81,6 +81,15 @@ impl<F> fmt::Debug for KeyFn<F> {
 /// A segment that needs no decoding is borrowed: the absent path of a plain
 /// id allocates nothing.
 ///
+/// **Static routes beside the template.** axum's `Router::layer` wraps every
+/// route of the router, and `/items/featured` has the shape of
+/// `/items/{id}`. With the `axum` feature, `PathKey` takes a key only on the
+/// route axum matched to this template (its `MatchedPath`, under any
+/// `nest`), so `/items/featured` reaches its own handler. Without it, put
+/// the layer on the route alone (`get(read_item).layer(…)`), or keep static
+/// routes of the template's shape out from under it: the guard would answer
+/// 404 for them.
+///
 /// ```
 /// use axum::http::{Method, Request};
 /// use bloomguard::layer::{HttpKey, PathKey};
@@ -173,12 +182,37 @@ impl PathKey {
         }
         percent_decode_str(parameter?).decode_utf8().ok()
     }
+
+    /// Whether `matched`, a route as axum spells it (`/api/items/{id}`
+    /// under a nest), ends with this template: the same literals, and a
+    /// `{parameter}` (of any name) where the template has one.
+    #[cfg(feature = "axum")]
+    fn is_route(&self, matched: &str) -> bool {
+        let mut parts = matched.rsplit('/');
+        self.segments.iter().rev().all(|segment| {
+            let Some(part) = parts.next() else {
+                return false;
+            };
+            match segment {
+                Some(literal) => part == literal,
+                None => part.starts_with('{') && part.ends_with('}') && !part.starts_with("{*"),
+            }
+        })
+    }
 }
 
 impl<B> HttpKey<B> for PathKey {
     #[inline]
     fn key<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
         if self.method.as_ref().is_some_and(|m| m != request.method()) {
+            return None;
+        }
+        // A router's layer wraps its static routes too: `/items/featured`
+        // has the template's shape, but axum routed it elsewhere.
+        #[cfg(feature = "axum")]
+        if let Some(matched) = request.extensions().get::<axum::extract::MatchedPath>()
+            && !self.is_route(matched.as_str())
+        {
             return None;
         }
         let parameter = self.parameter(request.uri().path())?;

@@ -211,3 +211,52 @@ async fn the_insert_layer_inserts_before_the_inner_service_writes() {
         .unwrap();
     assert_eq!(guard.stats().inserts, 100);
 }
+
+/// `Router::layer` wraps every route of the router, static siblings of the
+/// guarded one too: `/users/me` has the shape of `/users/{id}` but is
+/// another route, and must reach its handler (axum routes a static segment
+/// before a parameter). With axum's matched route at hand (the `axum`
+/// feature), the key is taken only on the template's own route.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn a_static_sibling_route_is_not_guarded_as_the_template() {
+    use axum::Router;
+    use axum::body::Body;
+    use axum::extract::Path;
+    use axum::routing::get;
+
+    let guard = guard_with(&["1"]);
+    let users = Router::new()
+        .route(
+            "/users/{id}",
+            get(|Path(id): Path<String>| async move { id }),
+        )
+        .route("/users/me", get(|| async { "me" }))
+        .layer(GuardLayer::for_http(
+            guard.clone(),
+            PathKey::route("/users/{id}").method(Method::GET),
+        ));
+    let app = Router::new().merge(users.clone()).nest("/api", users);
+    let status = |path: &'static str| {
+        let app = app.clone();
+        async move {
+            let request = Request::get(path).body(Body::empty()).unwrap();
+            app.oneshot(request).await.unwrap().status()
+        }
+    };
+    for prefix in ["", "/api"] {
+        let path = |rest: &str| -> &'static str { format!("{prefix}{rest}").leak() };
+        assert_eq!(
+            status(path("/users/me")).await,
+            StatusCode::OK,
+            "{prefix}/users/me"
+        );
+        assert_eq!(status(path("/users/1")).await, StatusCode::OK);
+        assert_eq!(
+            status(path("/users/2")).await,
+            StatusCode::NOT_FOUND,
+            "{prefix}: the template's own route is still guarded"
+        );
+    }
+    assert_eq!(guard.stats().checks.absent, 2);
+}

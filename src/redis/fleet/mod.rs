@@ -692,6 +692,15 @@ impl FleetSync {
                 .fleet_since
                 .replace(renewal.fleet_since)
                 .is_some_and(|since| since != renewal.fleet_since);
+            if lost_data {
+                // The stream began anew with the record: none of its entries
+                // was applied here, whatever their ids (a Redis whose clock
+                // is behind the old ones gives lower ids). The consumer
+                // notices the move (`apply_next`); targets in the old
+                // stream are gone with it.
+                state.position = StreamPosition::START;
+                state.catch_up_to = None;
+            }
             if (!renewal.continuous || in_doubt || lost_data) && renewal.last > state.position {
                 // Writers may have counted this member out while its lease
                 // had lapsed: it must hold what they appended until now.
@@ -901,6 +910,26 @@ mod tests {
         assert_eq!(member.state().fence_at, None);
         member.refresh_fence();
         assert!(member.guard().is_fenced());
+    }
+
+    /// Redis came back without its data, and its clock behind the old
+    /// entries' ids: the new stream's entries may sort below the position a
+    /// caught-up member had. Keeping that position would skip them, and
+    /// publish it as applied to writers waiting on them.
+    #[test]
+    fn a_member_of_a_redis_that_lost_its_data_reads_the_new_stream_from_its_start() {
+        let member = member();
+        member.renewed(renewal(&member, true, 1));
+        assert!(!member.guard().is_fenced(), "live lease, caught up");
+        let mut lost = renewal(&member, true, 2);
+        lost.last = "50-0".parse().unwrap();
+        member.renewed(lost);
+        assert_eq!(member.state().position, StreamPosition::START);
+        assert_eq!(member.state().catch_up_to, Some("50-0".parse().unwrap()));
+        assert!(
+            member.guard().is_fenced(),
+            "until the new stream is applied"
+        );
     }
 
     #[test]

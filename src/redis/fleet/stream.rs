@@ -288,6 +288,12 @@ impl FleetSync {
         self.inner.counters.count_remote_inserts(remote);
         let stranded = {
             let mut state = self.state();
+            if state.position != position {
+                // A renewal found Redis's data lost while this read ran, and
+                // sent this member back to the new stream's start: the
+                // entries read here are applied, but the position is that one.
+                return Ok(Next::ReadAgain);
+            }
             state.position = newest;
             state.last_read_at = Some(read_at);
             state.stream_end = read.last;

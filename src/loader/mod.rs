@@ -26,6 +26,13 @@
 //! come to all of them as the same `Arc<E>`). If the first caller is
 //! cancelled, a waiting caller takes over and calls the backend itself; the
 //! shared entry is removed when the call completes, fails or is cancelled.
+//! A "not found" is shared only with callers for whom it is still true: a
+//! caller may have begun after a write of the key completed, which the
+//! running call, begun before the write landed, missed. Where the guard
+//! times its inserts (a [confirmed-absent cache](GuardedLoader::confirmed_absent_cache)
+//! turns that on) and shows no insert of the key since the call began
+//! (minus the write settle), waiters take the "not found"; otherwise each
+//! asks the backend again, after the running call.
 //! (Kept by hand rather than moka's `try_get_with`, which caches the value:
 //! a guard in front of a store must not; this keeps only the call in flight.)
 
@@ -565,15 +572,44 @@ where
             let mut done = std::pin::pin!(done);
             // Registered before looking, so a result set in between still wakes us.
             done.as_mut().enable();
-            if let Some(result) = flight.result.get() {
-                return (result.clone(), flight.started);
+            if flight.result.get().is_none() {
+                done.await;
             }
-            done.await;
-            if let Some(result) = flight.result.get() {
-                return (result.clone(), flight.started);
+            match flight.result.get() {
+                Some(result) if self.may_share(key, &flight, result) => {
+                    return (result.clone(), flight.started);
+                }
+                Some(_) => return self.load_alone(key).await,
+                // The caller running it was cancelled: take over.
+                None => {}
             }
-            // The caller running it was cancelled: take over.
         }
+    }
+
+    /// Whether a caller that joined `flight` may take its result. A value
+    /// or an error, always. "Not found" only where no write of the key can
+    /// have landed after the flight's read began: the caller may have begun
+    /// after such a write completed, and the older read missed it. Without
+    /// the insert clock (see `Guard::may_have_written_since`) that cannot
+    /// be shown, and the caller asks itself.
+    fn may_share(
+        &self,
+        key: &K,
+        flight: &Flight<L::Value, L::Error>,
+        result: &Loaded<L::Value, L::Error>,
+    ) -> bool {
+        !matches!(result, Ok(None))
+            || !self
+                .inner
+                .guard
+                .may_have_written_since(key.as_ref(), flight.started)
+    }
+
+    /// One backend call for this caller alone, outside the coalescing.
+    async fn load_alone(&self, key: &K) -> (Loaded<L::Value, L::Error>, Instant) {
+        let started = Instant::now();
+        let result = self.inner.loader.load(key.clone()).await.map_err(Arc::new);
+        (result, started)
     }
 
     async fn lead(

@@ -161,6 +161,86 @@ async fn concurrent_loads_of_one_key_share_one_call() {
     );
 }
 
+/// A call that joins a load begun before a write landed must not take that
+/// load's "not found" when the write (the insert, then the store write)
+/// completed before the call began: it asks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_after_a_completed_write_is_not_handed_an_older_not_found() {
+    let guard = guard_with(&[]);
+    let store = Arc::new(std::sync::Mutex::new(
+        std::collections::HashSet::<String>::new(),
+    ));
+    let gate = Gate::closed();
+    let loader = GuardedLoader::new(guard.clone(), {
+        let (store, gate) = (Arc::clone(&store), gate.clone());
+        move |key: String| {
+            // Reads the store when called, answers when the gate opens.
+            let found = store.lock().unwrap().contains(&key);
+            let gate = gate.clone();
+            async move {
+                gate.calls.fetch_add(1, Ordering::SeqCst);
+                gate.open.acquire().await.unwrap().forget();
+                Ok::<_, std::convert::Infallible>(found.then_some(()))
+            }
+        }
+    });
+    guard.insert("item:1"); // the write's insert
+    let before = tokio::spawn({
+        let loader = loader.clone();
+        async move { loader.get("item:1".to_string()).await }
+    });
+    wait_until("the first load", || gate.calls() == 1).await;
+    store.lock().unwrap().insert("item:1".to_string()); // the write lands
+    let after = tokio::spawn({
+        let loader = loader.clone();
+        async move { loader.get("item:1".to_string()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await; // it joins the load
+    gate.open.add_permits(2);
+    assert_eq!(
+        before.await.unwrap().unwrap(),
+        None,
+        "began before the write"
+    );
+    assert_eq!(
+        after.await.unwrap().unwrap(),
+        Some(()),
+        "a call begun after the write completed was handed the older load's not-found"
+    );
+}
+
+/// Where the guard times its inserts and none of the key happened since the
+/// load began, its "not found" is shared: a hot false positive costs one
+/// backend call, not one per waiter. Untimed, each waiter asks again.
+#[tokio::test(start_paused = true)]
+async fn a_not_found_is_shared_where_no_write_can_have_landed_since() {
+    for timed in [true, false] {
+        let guard = guard_settling();
+        let gate = Gate::closed();
+        let mut loader = GuardedLoader::new(guard.clone(), gate.loader());
+        if timed {
+            loader = loader
+                .confirmed_absent_cache(100, Duration::from_secs(60))
+                .unwrap();
+        }
+        guard.insert("ghost"); // in the filter, never in the store
+        tokio::time::advance(2 * SETTLE).await;
+        let waiters: Vec<_> = (0..5)
+            .map(|_| {
+                let loader = loader.clone();
+                tokio::spawn(async move { loader.get("ghost".to_string()).await })
+            })
+            .collect();
+        wait_until("the first call", || gate.calls() == 1).await;
+        gate.open.add_permits(5);
+        for waiter in waiters {
+            assert_eq!(waiter.await.unwrap().unwrap(), None);
+        }
+        let expected = if timed { 1 } else { 5 };
+        assert_eq!(gate.calls(), expected, "timed inserts: {timed}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_reaches_every_waiter_and_is_not_cached() {
     let gate = Gate::closed();

@@ -192,6 +192,78 @@ async fn redis_killed_mid_scan_leaves_the_old_filter_serving() {
     assert_eq!(report.keys, 100_000);
 }
 
+/// A source that restarts its Redis (same port, same keys) after its first
+/// page, and gives the connection time to come back before the next.
+struct RestartsRedisMidPass {
+    source: RedisSource,
+    server: std::sync::Mutex<RedisServer>,
+    restarted: std::sync::atomic::AtomicBool,
+}
+
+impl bloomguard::KeySource for RestartsRedisMidPass {
+    fn scan(&self) -> bloomguard::source::KeyStream<'_> {
+        use futures_util::StreamExt;
+        Box::pin(
+            self.source
+                .scan()
+                .enumerate()
+                .then(move |(page, batch)| async move {
+                    if page == 0
+                        && !self
+                            .restarted
+                            .swap(true, std::sync::atomic::Ordering::Relaxed)
+                    {
+                        let port = {
+                            let mut server = self.server.lock().unwrap();
+                            server.kill();
+                            server.port
+                        };
+                        let restarted = RedisServer::start_on(port);
+                        restarted.populate(0..100_000);
+                        *self.server.lock().unwrap() = restarted;
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    batch
+                }),
+        )
+    }
+}
+
+/// A `SCAN` cursor means nothing to another process (a restart, a failover):
+/// keys after it may be skipped. A pass across a restart fails, whatever
+/// the connection did meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_across_a_redis_restart_fails() {
+    let server = RedisServer::start();
+    server.populate(0..100_000);
+    let source = RedisSource::new(server.client(), "item:*")
+        .strip_prefix("item:")
+        .count(100);
+    let guard = Guard::builder()
+        .expected_items(200_000)
+        .source(RestartsRedisMidPass {
+            source,
+            server: std::sync::Mutex::new(server),
+            restarted: std::sync::atomic::AtomicBool::new(false),
+        })
+        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
+        .build()
+        .unwrap();
+    match guard.rebuild().await {
+        Err(error) => assert!(
+            matches!(error, bloomguard::RebuildError::Source(_)),
+            "{error}"
+        ),
+        Ok(report) => panic!(
+            "a pass across a restart was taken as whole ({} of 100000 keys read)",
+            report.keys
+        ),
+    }
+    assert!(guard.is_warming(), "no partial filter was swapped in");
+    let report = guard.rebuild().await.unwrap();
+    assert_eq!(report.keys, 100_000, "the retry reads every key");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_loader_reconnects_after_redis_restarts() {
     let mut server = RedisServer::start();
@@ -328,6 +400,62 @@ mod cluster {
             .map(|key| (key != "missing").then(|| format!("value {key}")))
             .collect();
         assert_eq!(values, expected);
+    }
+
+    /// A slot migrating between two masters while a pass runs: `MIGRATE`
+    /// can move keys from a master not yet scanned to one already scanned,
+    /// and the topology stays the same until the slot changes owner. Such a
+    /// pass fails; once the slot is stable again, the retry reads every key.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pass_during_a_slot_migration_fails_and_the_retry_after_it_succeeds() {
+        let cluster = RedisCluster::start();
+        populate(&cluster).await;
+        let from = cluster.master_of("item:0");
+        let to = *cluster
+            .masters()
+            .iter()
+            .find(|&&port| port != from)
+            .unwrap();
+        let connect = |port: u16| {
+            redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                .unwrap()
+                .get_connection()
+                .unwrap()
+        };
+        let (mut source, mut target) = (connect(from), connect(to));
+        let id = |node: &mut redis::Connection| -> String {
+            redis::cmd("CLUSTER").arg("MYID").query(node).unwrap()
+        };
+        let (source_id, target_id) = (id(&mut source), id(&mut target));
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg("item:0")
+            .query(&mut source)
+            .unwrap();
+        let set_slot = |node: &mut redis::Connection, state: &[&str]| {
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg(state)
+                .exec(node)
+                .unwrap();
+        };
+        set_slot(&mut target, &["IMPORTING", &source_id]);
+        set_slot(&mut source, &["MIGRATING", &target_id]);
+
+        let guard =
+            guard_from(RedisSource::cluster(cluster.client(), "item:*").strip_prefix("item:"));
+        let failed = guard.rebuild().await.unwrap_err();
+        assert!(
+            matches!(failed, RebuildError::Source(_)) && failed.to_string().contains("migrating"),
+            "{failed}"
+        );
+        assert!(guard.is_warming(), "no partial filter was swapped in");
+
+        set_slot(&mut source, &["STABLE"]);
+        set_slot(&mut target, &["STABLE"]);
+        let report = guard.rebuild().await.unwrap();
+        assert_eq!(report.keys, KEYS);
     }
 
     /// A source that kills a master after its first page.

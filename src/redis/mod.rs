@@ -182,7 +182,10 @@ impl Connection {
 }
 
 /// Every key matching a pattern, streamed with `SCAN … MATCH … COUNT`: a
-/// rebuild over ten million keys holds one page of keys at a time.
+/// rebuild over ten million keys holds one page of keys at a time. A pass
+/// across a restart of Redis fails (its `INFO` run id changed: the cursor
+/// meant nothing to the new process), so the user needs `SCAN` and `INFO`
+/// (and `CLUSTER NODES` on a cluster).
 ///
 /// ```no_run
 /// use bloomguard::{Guard, redis::RedisSource};
@@ -256,10 +259,10 @@ impl RedisSource {
 
     /// Keys matching `pattern` in every master of a Redis Cluster: one
     /// `SCAN` cursor per master, routed to it by address (a cluster
-    /// connection does not fan `SCAN` out by itself). A master that fails
-    /// or a topology that changes during the pass fails the pass (the
-    /// rebuild is retried, the old filter serving), never a silent partial
-    /// rebuild.
+    /// connection does not fan `SCAN` out by itself). A master that fails,
+    /// restarts or migrates a slot, or a topology that changes, during the
+    /// pass fails the pass (the rebuild is retried, the old filter
+    /// serving), never a silent partial rebuild.
     pub fn cluster(client: ClusterClient, pattern: impl Into<String>) -> Self {
         Self::over(Connection::cluster(client, Self::DEFAULT_TIMEOUT), pattern)
     }
@@ -279,17 +282,79 @@ impl RedisSource {
         if let Some(key_type) = &self.key_type {
             command.arg("TYPE").arg(key_type);
         }
+        self.query_on(node, &command).await
+    }
+
+    /// Runs `command` on `node` (a cluster's master, routed by address), or
+    /// on the one node of a plain Redis.
+    async fn query_on<T: redis::FromRedisValue>(
+        &self,
+        node: Option<&MasterNode>,
+        command: &redis::Cmd,
+    ) -> Result<T, RedisError> {
         match (self.connection.get().await?, node) {
             (Live::Cluster(mut cluster, timeout), Some(node)) => {
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                     host: node.host.clone(),
                     port: node.port,
                 });
-                let page = within(timeout, cluster.route_command(command, routing)).await?;
-                Ok(redis::from_redis_value(page)?)
+                let reply =
+                    within(timeout, cluster.route_command(command.clone(), routing)).await?;
+                Ok(redis::from_redis_value(reply)?)
             }
             (mut live, _) => command.query_async(&mut live).await,
         }
+    }
+
+    /// The process serving `node` now, by its run id: a restart (or a
+    /// failover to a replica) gives another, under which a `SCAN` cursor of
+    /// the old process means nothing, and the keys after it may be skipped.
+    /// On a cluster, a master migrating or importing a slot fails the pass:
+    /// keys `MIGRATE` moves leave the topology unchanged until the slot
+    /// changes owner, and could move from a master not yet scanned to one
+    /// already scanned.
+    async fn serving_process(&self, node: Option<&MasterNode>) -> Result<String, RedisError> {
+        let mut info = redis::cmd("INFO");
+        info.arg("server");
+        let info: String = self.query_on(node, &info).await?;
+        let Some(run_id) = info.lines().find_map(|line| line.strip_prefix("run_id:")) else {
+            return Err(RedisError::from(std::io::Error::other(
+                "INFO server has no run_id: cannot tell a restart during the pass",
+            )));
+        };
+        if node.is_some() {
+            let mut nodes = redis::cmd("CLUSTER");
+            nodes.arg("NODES");
+            let nodes: String = self.query_on(node, &nodes).await?;
+            // Only a node's own line shows its `[slot->-id]` / `[slot-<-id]`.
+            let moving = nodes
+                .lines()
+                .find(|line| {
+                    line.split(' ')
+                        .nth(2)
+                        .is_some_and(|flags| flags.contains("myself"))
+                })
+                .is_some_and(|line| line.contains('['));
+            if moving {
+                return Err(RedisError::from(std::io::Error::other(
+                    "a slot is migrating between masters: keys may move past the pass; \
+                     the rebuild is retried",
+                )));
+            }
+        }
+        Ok(run_id.trim().to_owned())
+    }
+
+    /// [`serving_process`](Self::serving_process) of every node of a pass.
+    async fn serving_processes(
+        &self,
+        nodes: &[Option<MasterNode>],
+    ) -> Result<Vec<String>, RedisError> {
+        let mut processes = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            processes.push(self.serving_process(node.as_ref()).await?);
+        }
+        Ok(processes)
     }
 
     /// The masters serving slots now, and a fingerprint of the topology
@@ -391,6 +456,8 @@ struct Pass {
     cursor: u64,
     /// The cluster's topology when the pass started.
     topology: Option<String>,
+    /// The process serving each node when the pass started.
+    processes: Vec<String>,
 }
 
 impl KeySource for RedisSource {
@@ -401,23 +468,22 @@ impl KeySource for RedisSource {
         let pages = stream::try_unfold(None::<Pass>, move |pass| async move {
             let mut pass = match pass {
                 Some(pass) => pass,
-                None => match &self.connection.target {
-                    Target::Node { .. } => Pass {
-                        nodes: vec![None],
+                None => {
+                    let (nodes, topology) = match &self.connection.target {
+                        Target::Node { .. } => (vec![None], None),
+                        Target::Cluster { .. } => {
+                            let (masters, topology) = self.masters().await?;
+                            (masters.into_iter().map(Some).collect(), Some(topology))
+                        }
+                    };
+                    Pass {
+                        processes: self.serving_processes(&nodes).await?,
+                        nodes,
                         node: 0,
                         cursor: 0,
-                        topology: None,
-                    },
-                    Target::Cluster { .. } => {
-                        let (masters, topology) = self.masters().await?;
-                        Pass {
-                            nodes: masters.into_iter().map(Some).collect(),
-                            node: 0,
-                            cursor: 0,
-                            topology: Some(topology),
-                        }
+                        topology,
                     }
-                },
+                }
             };
             let Some(node) = pass.nodes.get(pass.node) else {
                 return Ok::<_, RedisError>(None); // past the last page
@@ -427,14 +493,21 @@ impl KeySource for RedisSource {
             pass.cursor = next;
             if next == 0 {
                 pass.node += 1;
-                if pass.node == pass.nodes.len()
-                    && let Some(before) = &pass.topology
-                    && self.masters().await?.1 != *before
-                {
-                    return Err(RedisError::from(std::io::Error::other(
-                        "the cluster's topology changed during the pass: some keys may have \
-                         moved past it; the rebuild is retried",
-                    )));
+                if pass.node == pass.nodes.len() {
+                    if let Some(before) = &pass.topology
+                        && self.masters().await?.1 != *before
+                    {
+                        return Err(RedisError::from(std::io::Error::other(
+                            "the cluster's topology changed during the pass: some keys may have \
+                             moved past it; the rebuild is retried",
+                        )));
+                    }
+                    if self.serving_processes(&pass.nodes).await? != pass.processes {
+                        return Err(RedisError::from(std::io::Error::other(
+                            "Redis restarted during the pass (another run id): its cursor \
+                             skipped keys; the rebuild is retried",
+                        )));
+                    }
                 }
             }
             Ok(Some((keys, Some(pass))))

@@ -13,7 +13,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bloomguard::redis::fleet::{FleetHandle, FleetSync, FleetSyncBuilder};
+use bloomguard::redis::fleet::{FleetHandle, FleetSync, FleetSyncBuilder, StreamPosition};
 use bloomguard::redis::{FleetError, FleetWriteError, RedisSource};
 use bloomguard::{Guard, Lifecycle, RebuildPolicy, Verdict};
 use common::redis_server::RedisServer;
@@ -353,6 +353,41 @@ async fn a_redis_restart_costs_no_completed_write() {
     assert!(written > 200, "writes resume once Redis is back: {written}");
     caught_up(&b).await;
     audit.finish().await;
+}
+
+/// A Redis that comes back without its data has a new stream, whose ids
+/// may sort below a member's old position (its clock behind the old
+/// server's). The member's first renewal there must not publish that old
+/// position as applied: writers would count it as having applied entries
+/// it never read. It publishes the new stream's start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_redis_lost_its_data_no_member_publishes_its_old_position() {
+    let mut server = RedisServer::start();
+    let port = server.port;
+    let a = join(guard("a"), server.client(), "lost").await;
+    a.fleet.insert_then_write("before", async {}).await.unwrap();
+    caught_up(&a).await;
+    let old_position = a.fleet.stats().position;
+    assert!(old_position > StreamPosition::START);
+    server.kill();
+    let server = RedisServer::start_on(port);
+    let mut connection = server.client().get_connection().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let published = loop {
+        let applied: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+            .arg("{lost}:applied")
+            .query(&mut connection)
+            .unwrap();
+        if let Some(position) = applied.into_values().next() {
+            break position;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no renewal");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    assert_eq!(
+        published, "0-0",
+        "the first renewal on the new Redis published the old stream's position {old_position}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -42,7 +42,10 @@ use tokio::time::Instant;
 use super::{FleetSync, StreamPosition};
 use crate::error::FleetError;
 
-/// Renews (or takes) this member's lease and publishes its position.
+/// Renews (or takes) this member's lease and publishes its position
+/// (`ARGV[3]`), or `0-0` when the member read it under another fleet record
+/// than the one in Redis now (`ARGV[4]`, its `since`): a Redis that lost its
+/// data has a new stream, which the old position says nothing of.
 /// Returns `{continuous, last, members, since}`: whether the lease it held
 /// was still live in Redis, the stream's last entry id, how many members
 /// hold live leases now, and when the fleet's record began (which changes
@@ -62,7 +65,9 @@ for _, lapsed in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+local applied = ARGV[3]
+if tonumber(ARGV[4]) ~= since then applied = '0-0' end
+redis.call('HSET', KEYS[2], ARGV[1], applied)
 local last = '0-0'
 local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
 if newest[1] then last = newest[1][1] end
@@ -110,15 +115,17 @@ return {behind, wait}
     )
 });
 
-/// How long writers still wait out the fleet record's first lease (`ARGV[1]`),
-/// starting the record when there is none.
+/// How long writers still wait out the fleet record's first lease
+/// (`ARGV[1]`), and when the record began (`{wait_ms, since}`), starting it
+/// when there is none.
 static GRACE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SET', KEYS[1], now) end
-return math.max(0, tonumber(redis.call('GET', KEYS[1])) + tonumber(ARGV[1]) - now)
+local since = tonumber(redis.call('GET', KEYS[1]))
+return {math.max(0, since + tonumber(ARGV[1]) - now), since}
 ",
     )
 });
@@ -144,9 +151,9 @@ impl FleetSync {
     /// Renews this member's lease, publishing its position.
     pub(super) async fn renew(&self) -> Result<Renewal, FleetError> {
         let keys = &self.inner.keys;
-        let (position, epoch) = {
+        let (position, epoch, fleet_since) = {
             let state = self.state();
-            (state.position, state.lease_epoch)
+            (state.position, state.lease_epoch, state.fleet_since)
         };
         let sent_at = Instant::now();
         let mut connection = self.inner.connection.get().await?;
@@ -158,6 +165,8 @@ impl FleetSync {
             .arg(&self.inner.member)
             .arg(self.inner.settings.lease.as_millis() as u64)
             .arg(position)
+            // A position in another record's stream is published as 0-0.
+            .arg(fleet_since.unwrap_or(0))
             .invoke_async(&mut connection)
             .await;
         // A renewal that failed may have run in Redis and found the lease
@@ -181,14 +190,14 @@ impl FleetSync {
     }
 
     /// How long writers still wait out the fleet record's first lease.
-    pub(super) async fn grace(&self) -> Result<Duration, FleetError> {
+    pub(super) async fn grace(&self) -> Result<(Duration, u64), FleetError> {
         let mut connection = self.inner.connection.get().await?;
-        let grace_ms: u64 = GRACE
+        let (grace_ms, fleet_since): (u64, u64) = GRACE
             .key(&self.inner.keys.since)
             .arg(self.inner.settings.lease.as_millis() as u64)
             .invoke_async(&mut connection)
             .await?;
-        Ok(Duration::from_millis(grace_ms))
+        Ok((Duration::from_millis(grace_ms), fleet_since))
     }
 
     /// Gives up this member's lease at once (leaving, or recovering), so

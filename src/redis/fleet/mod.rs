@@ -607,7 +607,11 @@ impl FleetSync {
         // it out here rather than in the first writes, and before choosing
         // where to start, so that members from before a data loss have
         // renewed (and published what they hold) by then.
-        tokio::time::sleep(self.grace().await?).await;
+        let (grace, fleet_since) = self.grace().await?;
+        // The record the position chosen below belongs to: a renewal that
+        // finds another knows that Redis lost its data since.
+        self.state().fleet_since = Some(fleet_since);
+        tokio::time::sleep(grace).await;
         let snapshot = match self.load_covering_snapshot(None).await {
             Err(FleetError::Redis(error)) => return Err(error.into()),
             Err(error) => {
@@ -929,6 +933,40 @@ mod tests {
         assert!(
             member.guard().is_fenced(),
             "until the new stream is applied"
+        );
+    }
+
+    /// A snapshot read from Redis while a renewal found the fleet's record
+    /// new: its position is in the lost stream, and adopting it would set
+    /// the member past the new stream's entries.
+    #[test]
+    fn a_snapshot_read_across_a_data_loss_is_not_adopted() {
+        let member = member();
+        let snapshot = || {
+            let bytes = member.guard().encode_live_set().unwrap();
+            crate::guard::snapshot::LiveSnapshot::from_bytes(&bytes).unwrap()
+        };
+        let read_under = member.state().fleet_since;
+        member.renewed(renewal(&member, true, 2)); // Redis lost its data meanwhile
+        let position = "150-0".parse().unwrap();
+        assert!(
+            !member
+                .adopt_snapshot(read_under, position, snapshot(), false)
+                .unwrap()
+        );
+        assert_eq!(member.state().position, StreamPosition::START);
+        assert_eq!(member.state().replacements, 0, "the set was not replaced");
+
+        let read_under = member.state().fleet_since;
+        assert!(
+            member
+                .adopt_snapshot(read_under, position, snapshot(), false)
+                .unwrap()
+        );
+        assert_eq!(member.state().position, position);
+        assert!(
+            member.guard().is_fenced(),
+            "until the stream after it is applied"
         );
     }
 

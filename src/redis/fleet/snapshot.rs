@@ -149,6 +149,7 @@ impl FleetSync {
         // A publish that replaces the snapshot while we read it deletes the
         // chunks we are reading: read the new one then.
         for _ in 0..SNAPSHOT_READ_ATTEMPTS {
+            let read_under = self.state().fleet_since;
             match self.read_snapshot().await? {
                 Read::None => return Ok(None),
                 Read::Replaced => continue,
@@ -156,28 +157,49 @@ impl FleetSync {
                     if self.trimmed_to().await? > position {
                         return Ok(None);
                     }
-                    let mut state = self.state();
-                    self.inner
-                        .guard
-                        .replace_from_snapshot(set, true, rebuilt == Some(version))
-                        .map_err(FleetError::Incompatible)?;
-                    state.fenced = true;
-                    state.replacements += 1;
-                    // Replay from the snapshot, and do not answer before
-                    // reaching where this member had got to.
-                    let reached = state.position;
-                    state.position = position;
-                    if reached > position {
-                        state.catch_up_to =
-                            Some(state.catch_up_to.unwrap_or_default().max(reached));
+                    let adopted =
+                        self.adopt_snapshot(read_under, position, set, rebuilt == Some(version))?;
+                    if adopted {
+                        return Ok(Some(position));
                     }
-                    return Ok(Some(position));
                 }
             }
         }
         Err(FleetError::KeptChanging {
             attempts: SNAPSHOT_READ_ATTEMPTS,
         })
+    }
+
+    /// Replaces the live set with `set`, read while the fleet's record in
+    /// Redis was `read_under`, and moves this member to its `position`.
+    /// `false`, nothing changed, when a renewal has found another record
+    /// since: Redis lost its data, and the position is in a stream that is
+    /// gone (the new one's ids may sort below it).
+    pub(super) fn adopt_snapshot(
+        &self,
+        read_under: Option<u64>,
+        position: StreamPosition,
+        set: LiveSnapshot,
+        rebuilt: bool,
+    ) -> Result<bool, FleetError> {
+        let mut state = self.state();
+        if state.fleet_since != read_under {
+            return Ok(false);
+        }
+        self.inner
+            .guard
+            .replace_from_snapshot(set, true, rebuilt)
+            .map_err(FleetError::Incompatible)?;
+        state.fenced = true;
+        state.replacements += 1;
+        // Replay from the snapshot, and do not answer before reaching where
+        // this member had got to.
+        let reached = state.position;
+        state.position = position;
+        if reached > position {
+            state.catch_up_to = Some(state.catch_up_to.unwrap_or_default().max(reached));
+        }
+        Ok(true)
     }
 
     async fn read_snapshot(&self) -> Result<Read, FleetError> {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_util::{TryStreamExt, stream};
+use futures_util::stream;
 use sqlx::postgres::{PgPool, Postgres};
 
 pub use crate::error::PgLoadError;
@@ -41,8 +41,9 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 /// Every key of a table (or query), streamed by keyset pagination: each page
 /// is `… WHERE key > $last ORDER BY key LIMIT n`, its own short statement, so
 /// a rebuild of a hundred million rows holds no long transaction and one
-/// page in memory. The key column must be text (`text`, `varchar`), and
-/// should be indexed (a primary key is).
+/// page in memory. The key column must be text (`text`, `varchar`) under
+/// a deterministic collation (a pass over keys that compare equal by case or
+/// accent fails), and should be indexed (a primary key is).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -64,6 +65,8 @@ pub struct PgSource {
     first_page: String,
     /// `SELECT key … WHERE key > $1 ORDER BY key LIMIT $2`.
     next_page: String,
+    /// Whether the keys' collation is deterministic (`None`: no rows).
+    collation_check: String,
     page: i64,
     map_key: Option<KeyMap>,
 }
@@ -90,6 +93,10 @@ impl PgSource {
             first_page: format!("SELECT {key} FROM {relation} ORDER BY {key} LIMIT $1"),
             next_page: format!(
                 "SELECT {key} FROM {relation} WHERE {key} > $1 ORDER BY {key} LIMIT $2"
+            ),
+            collation_check: format!(
+                "SELECT c.collisdeterministic FROM (SELECT {key} AS key FROM {relation} LIMIT 1) \
+                 AS one JOIN pg_collation c ON c.oid = pg_collation_for(one.key)::regcollation"
             ),
             page: Self::DEFAULT_PAGE,
             map_key: None,
@@ -120,6 +127,26 @@ impl PgSource {
         };
         page.fetch_all(&self.pool).await
     }
+
+    /// Fails when the keys compare under a non-deterministic collation (one
+    /// that ignores case or accents): `'a'` equals `'A'` there, and a page
+    /// ending at `'A'` goes on with `key > 'A'`, past `'a'`. (The store's
+    /// `= $1` would also find `'A'` for `'a'`, which the guard, holding
+    /// bytes, answers absent.) One short statement a pass.
+    async fn refuse_non_deterministic_keys(&self) -> Result<(), SourceError> {
+        let deterministic: Option<bool> = sqlx::query_scalar(&self.collation_check)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(SourceError::new)?;
+        if deterministic == Some(false) {
+            return Err(SourceError::new(
+                "the key column's collation is not deterministic: keys it compares equal \
+                 (by case or accent) would be skipped between pages; give the column a \
+                 deterministic collation (COLLATE \"C\", or the database's default)",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl KeySource for PgSource {
@@ -128,9 +155,15 @@ impl KeySource for PgSource {
         // `None`: done; `Some(None)`: the first page; `Some(Some(key))`: after `key`.
         let pages = stream::try_unfold(Some(None::<String>), move |after| async move {
             let Some(after) = after else {
-                return Ok::<_, sqlx::Error>(None); // past the last page
+                return Ok::<_, SourceError>(None); // past the last page
             };
-            let keys = self.page_after(after.as_deref()).await?;
+            if after.is_none() {
+                self.refuse_non_deterministic_keys().await?;
+            }
+            let keys = self
+                .page_after(after.as_deref())
+                .await
+                .map_err(SourceError::new)?;
             let next = (keys.len() as i64 == self.page).then(|| keys.last().cloned());
             let batch = keys
                 .iter()
@@ -141,7 +174,7 @@ impl KeySource for PgSource {
                 .collect();
             Ok(Some((batch, next.flatten().map(Some))))
         });
-        Box::pin(pages.map_err(SourceError::new))
+        Box::pin(pages)
     }
 }
 

@@ -193,3 +193,38 @@ async fn a_missing_table_or_bad_sql_is_a_clear_error_and_a_stuck_call_times_out(
     locker.rollback().await.unwrap();
     assert_eq!(loader.get("1").await.unwrap().as_deref(), Some("item 1"));
 }
+
+/// Under a non-deterministic collation (case-insensitive here) 'A' and 'a'
+/// compare equal: a page ending at 'A' continues with `key > 'A'` and skips
+/// 'a', which is in the table for the whole pass. Such a pass fails, saying
+/// why, rather than rebuild without the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_under_a_non_deterministic_collation_fail_the_pass() {
+    let server = PostgresServer::start();
+    let pool = server.pool().await;
+    for statement in [
+        "CREATE COLLATION any_case (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+        "CREATE TABLE tags (name text COLLATE any_case NOT NULL)",
+        "INSERT INTO tags VALUES ('A'), ('a'), ('b')",
+    ] {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    let guard = guard_from(PgSource::new(pool.clone(), "tags", "name").page(1));
+    match guard.rebuild().await {
+        Err(error) => assert!(error.to_string().contains("deterministic"), "{error}"),
+        Ok(report) => panic!(
+            "a pass read {} of the 3 keys and was taken as whole",
+            report.keys
+        ),
+    }
+    assert!(guard.is_warming());
+
+    // The same keys under a deterministic collation: every one read.
+    sqlx::query("ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE \"C\"")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let report = guard.rebuild().await.unwrap();
+    assert_eq!(report.keys, 3);
+    assert_eq!(guard.check("a"), Verdict::MaybePresent);
+}

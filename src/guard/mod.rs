@@ -509,6 +509,13 @@ impl Guard {
     /// Inserts `key`, then runs `write` (the store write), keeping the
     /// ordering rule and covering the write against a concurrent rebuild.
     ///
+    /// Dropping this future before `write` completes (a cancelled request:
+    /// axum drops a handler's future when its client disconnects) ends the
+    /// cover at once. A write already sent that still lands more than the
+    /// write settle later can then be missed by a rebuild's scan: make such
+    /// writes cancel-safe (spawn them), or bound them below the settle (a
+    /// statement timeout).
+    ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
     /// use std::collections::HashSet;

@@ -19,7 +19,10 @@ use crate::guard::{Guard, PendingWrite};
 /// inner service, which writes it to the store: the ordering rule of the
 /// [guard](crate::guard), for routes that create items. The insert counts as
 /// a pending write until the inner service has answered, so a rebuild
-/// running meanwhile waits for it (see [`PendingWrite`]).
+/// running meanwhile waits for it (see [`PendingWrite`]). A response future
+/// dropped before that (the client went away) ends the cover: see
+/// [`Guard::insert_then_write`](crate::Guard::insert_then_write) for the
+/// writes that then need to be cancel-safe.
 ///
 /// ```
 /// use axum::{Router, http::Method, routing::post};

@@ -364,6 +364,56 @@ mod tests {
         );
     }
 
+    /// A fenced member may lack keys the fleet acknowledged without it (its
+    /// lease lapsed): no insert of them was stamped here, so the insert
+    /// clock cannot vouch for a shared "not found" and a joined call asks
+    /// the backend itself.
+    #[tokio::test(start_paused = true)]
+    async fn a_fenced_guard_shares_no_not_found_with_a_joined_call() {
+        let settle = Duration::from_millis(100);
+        let member = Guard::builder()
+            .expected_items(1_000)
+            .rebuild_policy(crate::RebuildPolicy::default().write_settle(settle))
+            .build()
+            .unwrap();
+        let store = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let loader = crate::GuardedLoader::new(member.clone(), {
+            let (store, gate) = (Arc::clone(&store), Arc::clone(&gate));
+            move |key: String| {
+                let found = store.lock().unwrap().contains(&key);
+                let gate = Arc::clone(&gate);
+                async move {
+                    gate.acquire().await.unwrap().forget();
+                    Ok::<_, std::convert::Infallible>(found.then_some(()))
+                }
+            }
+        })
+        .confirmed_absent_cache(100, Duration::from_secs(60)) // times inserts
+        .unwrap();
+        tokio::time::advance(2 * settle).await;
+        member.set_fenced(true);
+        let before = tokio::spawn({
+            let loader = loader.clone();
+            async move { loader.get("item:1".to_string()).await }
+        });
+        tokio::task::yield_now().await; // its load reads the store
+        // Another instance's write completes without this member.
+        store.lock().unwrap().insert("item:1".to_string());
+        let after = tokio::spawn({
+            let loader = loader.clone();
+            async move { loader.get("item:1".to_string()).await }
+        });
+        tokio::task::yield_now().await; // it joins the load
+        gate.add_permits(2);
+        assert_eq!(before.await.unwrap().unwrap(), None);
+        assert_eq!(
+            after.await.unwrap().unwrap(),
+            Some(()),
+            "a fenced guard's joined call took a not-found older than a completed write"
+        );
+    }
+
     #[test]
     fn a_set_of_another_seed_is_refused() {
         let guard = Guard::builder()

@@ -591,18 +591,18 @@ where
     /// have landed after the flight's read began: the caller may have begun
     /// after such a write completed, and the older read missed it. Without
     /// the insert clock (see `Guard::may_have_written_since`) that cannot
-    /// be shown, and the caller asks itself.
+    /// be shown, nor on a fenced guard (a fleet member may lack inserts the
+    /// fleet acknowledged without it, which stamped nothing here): the
+    /// caller asks itself.
     fn may_share(
         &self,
         key: &K,
         flight: &Flight<L::Value, L::Error>,
         result: &Loaded<L::Value, L::Error>,
     ) -> bool {
+        let guard = &self.inner.guard;
         !matches!(result, Ok(None))
-            || !self
-                .inner
-                .guard
-                .may_have_written_since(key.as_ref(), flight.started)
+            || (!guard.is_fenced() && !guard.may_have_written_since(key.as_ref(), flight.started))
     }
 
     /// One backend call for this caller alone, outside the coalescing.

@@ -149,6 +149,13 @@ impl PathKey {
     }
 
     /// Only requests of this method have a key; others pass through.
+    ///
+    /// Without it every method has one: a [`GuardLayer`] keyed so would
+    /// answer 404 to the `POST` or `PUT` that creates a new id. Give the
+    /// guard layer's key `.method(Method::GET)` (and the [`InsertLayer`]'s
+    /// the write method).
+    ///
+    /// [`InsertLayer`]: crate::InsertLayer
     #[must_use]
     pub fn method(mut self, method: Method) -> Self {
         self.method = Some(method);

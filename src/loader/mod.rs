@@ -70,7 +70,8 @@ pub trait Loader<K>: Send + Sync + 'static {
     fn load(&self, key: K)
     -> impl Future<Output = Result<Option<Self::Value>, Self::Error>> + Send;
 
-    /// Looks many keys up, answering in their order. Override it where the
+    /// Looks many keys up, answering one value per key in their order (the
+    /// [`GuardedLoader`] panics on another count). Override it where the
     /// store has a batch read (`MGET`, `WHERE id IN (…)`); the default loads
     /// the keys one after another.
     fn load_many(
@@ -404,6 +405,10 @@ where
     ///
     /// # Errors
     /// The loader's error: the whole batch fails, and nothing is counted.
+    ///
+    /// # Panics
+    /// If [`Loader::load_many`] answers another number of values than it
+    /// was given keys: the keys left over would read as not found.
     pub async fn get_many(&self, keys: &[K]) -> Result<Vec<Option<L::Value>>, Arc<L::Error>> {
         let (_, values) = self.load_routed(keys, Verify::All).await?;
         Ok(values)
@@ -433,6 +438,10 @@ where
     ///
     /// # Errors
     /// The loader's error: the whole batch fails, and nothing is counted.
+    ///
+    /// # Panics
+    /// If [`Loader::load_many`] answers another number of values than it
+    /// was given keys: the keys left over would read as not found.
     pub async fn contains_many(&self, keys: &[K]) -> Result<Vec<bool>, Arc<L::Error>> {
         let (routes, values) = self.load_routed(keys, self.verify).await?;
         Ok(routes
@@ -469,6 +478,14 @@ where
             .load_many(asked.iter().map(|&index| keys[index].clone()).collect())
             .await
             .map_err(Arc::new)?;
+        // A short answer would read as "not found" for the keys left over.
+        assert_eq!(
+            loaded.len(),
+            asked.len(),
+            "Loader::load_many answered {} values for {} keys: it must answer one per key, in order",
+            loaded.len(),
+            asked.len()
+        );
         for (&index, value) in asked.iter().zip(loaded) {
             self.record_answer(&keys[index], verdicts[index], value.is_some(), asked_at);
             values[index] = value;

@@ -596,3 +596,25 @@ async fn the_default_batch_load_asks_one_key_at_a_time() {
         2 + loader.guard().stats().false_positives
     );
 }
+
+/// A batch loader that answers fewer values than it was given keys: the keys
+/// left over must not read as "not found".
+#[tokio::test]
+#[should_panic(expected = "answered 1 values for 2 keys")]
+async fn a_batch_loader_answering_short_is_a_clear_panic() {
+    struct Short;
+    impl bloomguard::Loader<String> for Short {
+        type Value = ();
+        type Error = std::convert::Infallible;
+        async fn load(&self, _key: String) -> Result<Option<()>, Self::Error> {
+            Ok(Some(()))
+        }
+        async fn load_many(&self, _keys: Vec<String>) -> Result<Vec<Option<()>>, Self::Error> {
+            Ok(vec![Some(())]) // one answer, whatever was asked
+        }
+    }
+    let loader = GuardedLoader::new(guard_with(&["item:1", "item:2"]), Short);
+    let _ = loader
+        .contains_many(&["item:1".to_string(), "item:2".to_string()])
+        .await;
+}

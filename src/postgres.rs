@@ -43,7 +43,8 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 /// a rebuild of a hundred million rows holds no long transaction and one
 /// page in memory. The key column must be text (`text`, `varchar`) under
 /// a deterministic collation (a pass over keys that compare equal by case or
-/// accent fails), and should be indexed (a primary key is).
+/// accent fails), and should be indexed (a primary key is). PostgreSQL 12 or
+/// later.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -65,7 +66,7 @@ pub struct PgSource {
     first_page: String,
     /// `SELECT key … WHERE key > $1 ORDER BY key LIMIT $2`.
     next_page: String,
-    /// Whether the keys' collation is deterministic (`None`: no rows).
+    /// Whether the keys' collation is deterministic (`NULL`: no rows).
     collation_check: String,
     page: i64,
     map_key: Option<KeyMap>,
@@ -94,9 +95,14 @@ impl PgSource {
             next_page: format!(
                 "SELECT {key} FROM {relation} WHERE {key} > $1 ORDER BY {key} LIMIT $2"
             ),
+            // By name, as `pg_collation_for` spells it (quoted, and qualified
+            // when not on the search path): `regcollation` needs PostgreSQL 13.
             collation_check: format!(
-                "SELECT c.collisdeterministic FROM (SELECT {key} AS key FROM {relation} LIMIT 1) \
-                 AS one JOIN pg_collation c ON c.oid = pg_collation_for(one.key)::regcollation"
+                "SELECT bool_and(c.collisdeterministic) \
+                 FROM (SELECT {key} AS key FROM {relation} LIMIT 1) AS one, \
+                 pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace \
+                 WHERE pg_collation_for(one.key) COLLATE \"C\" IN \
+                 (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname))"
             ),
             page: Self::DEFAULT_PAGE,
             map_key: None,
@@ -135,7 +141,7 @@ impl PgSource {
     /// bytes, answers absent.) One short statement a pass.
     async fn refuse_non_deterministic_keys(&self) -> Result<(), SourceError> {
         let deterministic: Option<bool> = sqlx::query_scalar(&self.collation_check)
-            .fetch_optional(&self.pool)
+            .fetch_one(&self.pool)
             .await
             .map_err(SourceError::new)?;
         if deterministic == Some(false) {

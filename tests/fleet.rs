@@ -390,6 +390,32 @@ async fn after_redis_lost_its_data_no_member_publishes_its_old_position() {
     );
 }
 
+/// A snapshot whose position was read before Redis lost its data must not
+/// be published into the Redis that lost it: its position is in a stream
+/// that is gone, and a joiner adopting it would skip the new stream's
+/// entries below it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_taken_before_redis_lost_its_data_is_not_published_after() {
+    let server = RedisServer::start();
+    let a = join(guard("a"), server.client(), "flushed").await;
+    a.fleet.insert_then_write("before", async {}).await.unwrap();
+    caught_up(&a).await;
+    let old_position = a.fleet.stats().position.to_string();
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+    let published = a.fleet.publish_snapshot().await;
+    let manifest: Option<String> = redis::cmd("GET")
+        .arg("{flushed}:snapshot")
+        .query(&mut connection)
+        .unwrap();
+    assert!(
+        manifest
+            .as_deref()
+            .is_none_or(|manifest| !manifest.starts_with(&old_position)),
+        "published {published:?} into the emptied Redis: {manifest:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_the_trimmed_stream_left_behind_recovers_from_a_snapshot() {
     let small =

@@ -273,6 +273,10 @@ struct MemberState {
     lease_in_doubt: bool,
     /// When the fleet's record in Redis began, as of the last renewal.
     fleet_since: Option<u64>,
+    /// Times a renewal found the record new and sent this member back to
+    /// the start of the new stream: a read begun before one is not applied
+    /// as a position, even where the position looks unchanged.
+    stream_resets: u64,
     /// When the consumer last read the stream (a renewal needs a live consumer).
     last_read_at: Option<Instant>,
     /// Whether the guard is fenced now.
@@ -704,6 +708,7 @@ impl FleetSync {
                 // stream are gone with it.
                 state.position = StreamPosition::START;
                 state.catch_up_to = None;
+                state.stream_resets += 1;
             }
             if (!renewal.continuous || in_doubt || lost_data) && renewal.last > state.position {
                 // Writers may have counted this member out while its lease
@@ -968,6 +973,39 @@ mod tests {
             member.guard().is_fenced(),
             "until the stream after it is applied"
         );
+    }
+
+    /// A read of the old stream that ends after a renewal found Redis's
+    /// data lost: the member's position must stay at the new stream's
+    /// start, even where it was there already (a young fleet) and so looks
+    /// unchanged.
+    #[test]
+    fn a_read_that_spans_a_data_loss_moves_no_position() {
+        let member = member();
+        member.state().position = StreamPosition::START;
+        member.renewed(renewal(&member, true, 1));
+        let resets = member.state().stream_resets;
+        member.renewed(renewal(&member, true, 2)); // Redis lost its data
+        assert_eq!(member.state().position, StreamPosition::START);
+        let read_of_the_old_stream = "300-0".parse().unwrap();
+        let now = Instant::now();
+        assert!(
+            member
+                .commit_read(
+                    resets,
+                    read_of_the_old_stream,
+                    now,
+                    read_of_the_old_stream,
+                    3
+                )
+                .is_none()
+        );
+        assert_eq!(member.state().position, StreamPosition::START);
+
+        let resets = member.state().stream_resets;
+        let read = "50-0".parse().unwrap();
+        assert!(member.commit_read(resets, read, now, read, 1).is_some());
+        assert_eq!(member.state().position, read);
     }
 
     #[test]

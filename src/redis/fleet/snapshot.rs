@@ -4,10 +4,15 @@
 //! The encoded set goes into chunks of at most `snapshot_chunk_bytes` under
 //! a new version number (`{name}:snapshot:{version}:{i}`); then the manifest
 //! `{name}:snapshot` ("position version chunks") is switched to it in one
-//! `SET`, so a reader sees the old snapshot or the new one, never a mix; then
+//! `SET` (refused when the fleet's record in Redis is no longer the one the
+//! position was read under), so a reader sees the old snapshot or the new
+//! one, never a mix; then
 //! the old version's chunks are deleted and the stream is trimmed to the old
 //! snapshot's position (whoever is still loading it can replay from there).
 
+use std::sync::LazyLock;
+
+use redis::Script;
 use tracing::Instrument;
 
 use super::{FleetSync, StreamPosition};
@@ -54,6 +59,22 @@ enum Read {
     Snapshot(StreamPosition, u64, LiveSnapshot),
 }
 
+/// Points the manifest (`KEYS[1]`) at a new snapshot (`ARGV[1]`), returning
+/// the one before, when the fleet's record is the one the snapshot's
+/// position was read under (`ARGV[2]`, its `since`); an error otherwise: in
+/// a Redis that lost its data since, that position is in a stream that is
+/// gone, and a member adopting it would skip the new stream's entries.
+static SET_MANIFEST: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if tonumber(redis.call('GET', KEYS[2])) ~= tonumber(ARGV[2]) then
+  return redis.error_reply('BLOOMGUARD the fleet record changed since the snapshot was taken')
+end
+return redis.call('SET', KEYS[1], ARGV[1], 'GET')
+",
+    )
+});
+
 impl FleetSync {
     /// Publishes this member's whole live set and the stream position it
     /// covers as the fleet's snapshot, notifies the fleet, and trims the
@@ -73,19 +94,25 @@ impl FleetSync {
     pub(super) async fn publish(&self, notice: Notice) -> Result<StreamPosition, FleetError> {
         let taken = || {
             let state = self.state();
-            (!state.fenced && state.fence_at.is_some())
-                .then_some((state.position, state.replacements))
+            (!state.fenced && state.fence_at.is_some()).then_some((
+                state.position,
+                state.replacements,
+                state.stream_resets,
+                state.fleet_since,
+            ))
         };
         // The position first: the set holds at least every entry up to it.
-        let (position, replacements) = taken().ok_or(FleetError::Fenced)?;
+        let (position, replacements, resets, fleet_since) = taken().ok_or(FleetError::Fenced)?;
         let encoded = self
             .inner
             .guard
             .encode_live_set()
             .ok_or(FleetError::Warming)?;
-        if taken().is_none_or(|(_, now)| now != replacements) {
-            // Replaced from another snapshot meanwhile: what we encoded may
-            // not hold what `position` says.
+        if taken().is_none_or(|(_, now, resets_now, _)| now != replacements || resets_now != resets)
+        {
+            // Replaced from another snapshot meanwhile, or sent back to a new
+            // stream's start: what we encoded may not hold what `position`
+            // says, or `position` is in a stream that is gone.
             return Err(FleetError::Fenced);
         }
         let keys = &self.inner.keys;
@@ -103,12 +130,26 @@ impl FleetSync {
                 .query_async(&mut connection)
                 .await?;
         }
-        let previous: Option<String> = redis::cmd("SET")
-            .arg(&keys.manifest)
+        let previous: Option<String> = match SET_MANIFEST
+            .key(&keys.manifest)
+            .key(&keys.since)
             .arg(format!("{position} {version} {count}"))
-            .arg("GET")
-            .query_async(&mut connection)
-            .await?;
+            .arg(fleet_since.unwrap_or(0))
+            .invoke_async(&mut connection)
+            .await
+        {
+            Ok(previous) => previous,
+            Err(error) => {
+                // Not published (a Redis that lost its data since the
+                // position was read, say): the chunks are nobody's.
+                let mut delete = redis::cmd("DEL");
+                for i in 0..count {
+                    delete.arg(keys.chunk(version, i));
+                }
+                let _: Result<i64, _> = delete.query_async(&mut connection).await;
+                return Err(error.into());
+            }
+        };
         let notice = match notice {
             Notice::Snapshot => "snapshot".to_owned(),
             Notice::Rebuilt => format!("rebuilt {} {version}", self.inner.member),

@@ -121,6 +121,20 @@ enum Next {
     Recover,
 }
 
+/// Sets this member's applied position (`ARGV[2]`) when the fleet's record
+/// is the one it was read under (`ARGV[3]`, its `since`), and wakes the
+/// writers (`ARGV[4]`, the notices channel).
+static ANNOUNCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if tonumber(redis.call('GET', KEYS[2])) == tonumber(ARGV[3]) then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+redis.call('PUBLISH', ARGV[4], 'applied')
+",
+    )
+});
+
 impl FleetSync {
     /// Appends `keys` to the stream (at least one); `landed` marks the
     /// second append of a slow write. Returns the last entry's position.
@@ -244,7 +258,10 @@ impl FleetSync {
 
     /// Applies the entries after this member's position, if none were trimmed.
     async fn apply_next(&self, connection: &mut Live) -> Result<Next, FleetError> {
-        let position = self.state().position;
+        let (position, resets) = {
+            let state = self.state();
+            (state.position, state.stream_resets)
+        };
         let read = self.read_after(connection, position, READ_COUNT).await?;
         let read_at = Instant::now();
         if read.trimmed > position {
@@ -286,54 +303,79 @@ impl FleetSync {
                 .map_err(|_| FleetError::UnexpectedReply("stream id"))?;
         }
         self.inner.counters.count_remote_inserts(remote);
-        let stranded = {
-            let mut state = self.state();
-            if state.position != position {
-                // A renewal found Redis's data lost while this read ran, and
-                // sent this member back to the new stream's start: the
-                // entries read here are applied, but the position is that one.
-                return Ok(Next::ReadAgain);
-            }
-            state.position = newest;
-            state.last_read_at = Some(read_at);
-            state.stream_end = read.last;
-            // Behind by this read's entries (by at least that many when it
-            // filled a whole read).
-            state.lag_entries = read.entries.ids.len() as u64;
-            match state.catch_up_to {
-                Some(target) if newest >= target => {
-                    state.catch_up_to = None;
-                    false
-                }
-                // The stream ends before the entries this member must hold
-                // (Redis lost them): only a snapshot or a rebuild has them.
-                Some(target) if !applied_any && read.last < target => true,
-                _ => false,
-            }
+        let Some((stranded, fleet_since)) =
+            self.commit_read(resets, newest, read_at, read.last, read.entries.ids.len())
+        else {
+            // A renewal found Redis's data lost while this read ran, and sent
+            // this member back to the new stream's start: the entries read
+            // here are applied, but the position is that one.
+            return Ok(Next::ReadAgain);
         };
         if stranded {
             return Ok(Next::Recover);
         }
         self.refresh_fence();
         if applied_any {
-            self.announce_applied(newest).await;
+            self.announce_applied(newest, fleet_since).await;
             Ok(Next::ReadAgain)
         } else {
             Ok(Next::Wait)
         }
     }
 
-    /// Publishes this member's position and wakes the writers waiting on it.
-    async fn announce_applied(&self, position: StreamPosition) {
+    /// Moves this member to `newest`, where a read begun with `resets`
+    /// stream resets got to (`entries` applied, the stream ending at
+    /// `stream_end`). `None`, nothing moved, when a renewal has sent the
+    /// member back to a new stream's start since: its position may look the
+    /// same (`START`), but the read was of the old stream. Otherwise whether
+    /// the member is stranded (the entries it must hold are gone), and the
+    /// fleet record its position belongs to.
+    pub(super) fn commit_read(
+        &self,
+        resets: u64,
+        newest: StreamPosition,
+        read_at: Instant,
+        stream_end: StreamPosition,
+        entries: usize,
+    ) -> Option<(bool, Option<u64>)> {
+        let mut state = self.state();
+        if state.stream_resets != resets {
+            return None;
+        }
+        state.position = newest;
+        state.last_read_at = Some(read_at);
+        state.stream_end = stream_end;
+        // Behind by this read's entries (by at least that many when it
+        // filled a whole read).
+        state.lag_entries = entries as u64;
+        let stranded = match state.catch_up_to {
+            Some(target) if newest >= target => {
+                state.catch_up_to = None;
+                false
+            }
+            // The stream ends before the entries this member must hold
+            // (Redis lost them): only a snapshot or a rebuild has them.
+            Some(target) if entries == 0 && stream_end < target => true,
+            _ => false,
+        };
+        Some((stranded, state.fleet_since))
+    }
+
+    /// Publishes this member's position and wakes the writers waiting on
+    /// it; not into a Redis whose fleet record is another than the one the
+    /// position was read under (`fleet_since`): there it says nothing.
+    async fn announce_applied(&self, position: StreamPosition, fleet_since: Option<u64>) {
         let keys = &self.inner.keys;
         let announced: Result<(), FleetError> = async {
             let mut connection = self.inner.connection.get().await?;
-            redis::pipe()
-                .hset(&keys.applied, &self.inner.member, position)
-                .ignore()
-                .publish(&keys.notices, "applied")
-                .ignore()
-                .exec_async(&mut connection)
+            let () = ANNOUNCE
+                .key(&keys.applied)
+                .key(&keys.since)
+                .arg(&self.inner.member)
+                .arg(position)
+                .arg(fleet_since.unwrap_or(0))
+                .arg(&keys.notices)
+                .invoke_async(&mut connection)
                 .await?;
             Ok(())
         }

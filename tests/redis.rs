@@ -1,6 +1,6 @@
 //! The `redis` feature against a real `redis-server` that each test starts on
-//! a free loopback port and stops. Without `redis-server` the tests are
-//! skipped, except under CI (`CI=true`), where that is a failure.
+//! a free loopback port and stops. Without `redis-server` they fail, saying
+//! what to install.
 
 mod common;
 
@@ -147,33 +147,66 @@ async fn redis_down_at_start_keeps_the_guard_warming_until_it_comes_up() {
     );
 }
 
+/// A source that stops after its first page until told to go on: the
+/// pass is certainly in the middle when the test acts.
+struct PausesMidPass {
+    source: RedisSource,
+    paused: std::sync::atomic::AtomicBool,
+    resume: tokio::sync::Semaphore,
+}
+
+impl bloomguard::KeySource for PausesMidPass {
+    fn scan(&self) -> bloomguard::source::KeyStream<'_> {
+        use futures_util::StreamExt;
+        Box::pin(
+            self.source
+                .scan()
+                .enumerate()
+                .then(move |(page, batch)| async move {
+                    if page == 0 {
+                        self.paused.store(true, std::sync::atomic::Ordering::SeqCst);
+                        self.resume.acquire().await.unwrap().forget();
+                    }
+                    batch
+                }),
+        )
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_mid_scan_leaves_the_old_filter_serving() {
     let mut server = RedisServer::start();
     let port = server.port;
     server.populate(0..100_000);
-    // Ten keys a SCAN call: the pass takes thousands of round trips.
+    let source = std::sync::Arc::new(PausesMidPass {
+        source: RedisSource::new(server.client(), "item:*")
+            .strip_prefix("item:")
+            .count(10),
+        paused: std::sync::atomic::AtomicBool::new(false),
+        resume: tokio::sync::Semaphore::new(1), // the first build runs through
+    });
     let guard = Guard::builder()
         .expected_items(200_000)
-        .source(
-            RedisSource::new(server.client(), "item:*")
-                .strip_prefix("item:")
-                .count(10),
-        )
+        .source(std::sync::Arc::clone(&source))
         .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
         .build()
         .unwrap();
     guard.rebuild().await.unwrap();
     let generation = guard.stats().swaps;
 
+    source
+        .paused
+        .store(false, std::sync::atomic::Ordering::SeqCst);
     let rebuilding = tokio::spawn({
         let guard = guard.clone();
         async move { guard.rebuild().await }
     });
-    wait_until("the second rebuild to start", || guard.stats().rebuilding).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!rebuilding.is_finished(), "the scan was still running");
+    wait_until("the second pass to pause after its first page", || {
+        source.paused.load(std::sync::atomic::Ordering::SeqCst)
+    })
+    .await;
     server.kill();
+    source.resume.add_permits(1_000); // this pass and the ones after go on
     let error = rebuilding.await.unwrap().unwrap_err();
     assert!(
         matches!(error, bloomguard::RebuildError::Source(_)),

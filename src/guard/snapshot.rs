@@ -293,7 +293,12 @@ mod tests {
             let member = member.clone();
             async move { member.rebuild().await }
         });
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while member.inner.live.load().shadow.is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the rebuild never installed its shadow"
+            );
             tokio::task::yield_now().await;
         }
         let other = Guard::builder()

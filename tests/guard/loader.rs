@@ -135,7 +135,9 @@ fn the_futures_of_get_and_contains_stay_small() {
     assert!(std::mem::size_of_val(&loader.contains("a".into())) <= small);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// One thread: every spawned caller has run up to its wait before the
+// test goes on, so that all of them join the first call.
+#[tokio::test]
 async fn concurrent_loads_of_one_key_share_one_call() {
     let gate = Gate::closed();
     let loader = GuardedLoader::new(guard_with(&["item:7"]), gate.loader());
@@ -146,7 +148,6 @@ async fn concurrent_loads_of_one_key_share_one_call() {
         })
         .collect();
     wait_until("the first call", || gate.calls() == 1).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(gate.calls(), 1, "the others wait for it");
     assert_eq!(loader.in_flight(), 1);
     gate.open.add_permits(1);
@@ -164,7 +165,7 @@ async fn concurrent_loads_of_one_key_share_one_call() {
 /// A call that joins a load begun before a write landed must not take that
 /// load's "not found" when the write (the insert, then the store write)
 /// completed before the call began: it asks again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test] // one thread: the second call has joined when the gate opens
 async fn a_call_after_a_completed_write_is_not_handed_an_older_not_found() {
     let guard = guard_with(&[]);
     let store = Arc::new(std::sync::Mutex::new(
@@ -195,7 +196,8 @@ async fn a_call_after_a_completed_write_is_not_handed_an_older_not_found() {
         let loader = loader.clone();
         async move { loader.get("item:1".to_string()).await }
     });
-    tokio::time::sleep(Duration::from_millis(50)).await; // it joins the load
+    tokio::task::yield_now().await; // it runs up to its wait on the load
+    assert_eq!(gate.calls(), 1, "joined, not called");
     gate.open.add_permits(2);
     assert_eq!(
         before.await.unwrap().unwrap(),
@@ -241,7 +243,7 @@ async fn a_not_found_is_shared_where_no_write_can_have_landed_since() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test] // one thread, as above
 async fn an_error_reaches_every_waiter_and_is_not_cached() {
     let gate = Gate::closed();
     let loader = GuardedLoader::new(guard_with(&["broken"]), gate.loader());
@@ -252,7 +254,6 @@ async fn an_error_reaches_every_waiter_and_is_not_cached() {
         })
         .collect();
     wait_until("the first call", || gate.calls() == 1).await;
-    tokio::time::sleep(Duration::from_millis(20)).await;
     gate.open.add_permits(1);
     let errors: Vec<Arc<String>> = futures_errors(waiters).await;
     assert!(

@@ -748,6 +748,67 @@ async fn the_member_publishes_its_standing_as_metrics() {
     ));
 }
 
+/// A source whose passes fail once told to.
+struct FailsWhenTold {
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl bloomguard::KeySource for FailsWhenTold {
+    fn scan(&self) -> bloomguard::source::KeyStream<'_> {
+        let pass = if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(bloomguard::SourceError::new("the store is down"))
+        } else {
+            Ok(vec![b"1".to_vec()])
+        };
+        Box::pin(futures_util::stream::once(async move { pass }))
+    }
+}
+
+/// The fleet's rebuild turn is given back however the rebuild ends: a
+/// failed one used to keep it for the whole rebuild timeout (10 minutes by
+/// default), and no member rebuilt meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_rebuild_gives_the_fleets_rebuild_turn_back() {
+    let server = RedisServer::start();
+    let source = Arc::new(FailsWhenTold {
+        failing: std::sync::atomic::AtomicBool::new(false),
+    });
+    let guard = Guard::builder()
+        .name("a")
+        .expected_items(1_000)
+        .seed(0xf1ee7)
+        .source(Arc::clone(&source))
+        .rebuild_policy(
+            RebuildPolicy::default()
+                .every(Duration::from_millis(100))
+                .retry_backoff(Duration::from_secs(60), Duration::from_secs(60)),
+        )
+        .maintenance_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    guard.rebuild().await.unwrap();
+    let a = join(guard, server.client(), "turn").await;
+    caught_up(&a).await;
+    source
+        .failing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let maintenance = a.guard().spawn_maintenance();
+    wait_until("a failed rebuild", || {
+        a.guard().stats().rebuilds.failed >= 1
+    })
+    .await;
+    let mut connection = server.client().get_connection().unwrap();
+    wait_until("the turn given back", || {
+        let holder: Option<String> = redis::cmd("GET")
+            .arg("{turn}:rebuild:lock")
+            .query(&mut connection)
+            .unwrap();
+        holder.is_none()
+    })
+    .await;
+    maintenance.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_member_rebuilds_for_all_and_the_fleet_forgets_deleted_keys_together() {
     let server = RedisServer::start();

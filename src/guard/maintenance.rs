@@ -231,8 +231,10 @@ const ANOTHER_GUARDS_TURN: Duration = Duration::from_secs(1);
 pub(crate) trait RebuildTurns: Send + Sync {
     /// Whether this guard may rebuild now; `false`: another one is.
     fn take(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>>;
-    /// The rebuild this guard took the turn for has committed.
-    fn rebuilt(&self);
+    /// The rebuild this guard took the turn for has ended: committed (its
+    /// set is then shared), failed or cancelled. The turn is given back
+    /// either way, so that a failed rebuild holds up no other guard.
+    fn ended(&self, committed: bool);
 }
 
 impl Guard {
@@ -313,21 +315,30 @@ impl Task {
                 && let Some(reason) = guard.rebuild_due(now)
             {
                 let turns = guard.rebuild_turns();
+                let give_back = |committed| {
+                    if let Some(turns) = &turns {
+                        turns.ended(committed);
+                    }
+                };
                 let my_turn = match &turns {
                     None => true,
                     Some(turns) => tokio::select! {
-                        () = stop.cancelled() => break,
+                        () = stop.cancelled() => {
+                            give_back(false); // in case it was taken
+                            break;
+                        }
                         my_turn = turns.take() => my_turn,
                     },
                 };
                 if my_turn {
                     tracing::debug!(guard = %guard.name(), reason, "rebuilding");
                     tokio::select! {
-                        () = stop.cancelled() => break,
+                        () = stop.cancelled() => {
+                            give_back(false);
+                            break;
+                        }
                         result = guard.rebuild() => {
-                            if let (Ok(_), Some(turns)) = (&result, &turns) {
-                                turns.rebuilt();
-                            }
+                            give_back(result.is_ok());
                             self.after_rebuild(result.map(|_| ()));
                         }
                     }

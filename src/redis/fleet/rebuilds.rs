@@ -52,9 +52,14 @@ impl RebuildTurns for Turns {
         })
     }
 
-    fn rebuilt(&self) {
+    fn ended(&self, committed: bool) {
         if let Some(member) = self.member() {
-            tokio::spawn(async move { member.share_rebuild().await });
+            tokio::spawn(async move {
+                if committed {
+                    member.share_rebuild().await;
+                }
+                member.give_back_rebuild_turn().await;
+            });
         }
     }
 }
@@ -89,11 +94,15 @@ impl FleetSync {
     }
 
     /// Publishes the set this member just rebuilt for the others to
-    /// replace theirs with, then gives the turn back.
+    /// replace theirs with.
     async fn share_rebuild(&self) {
         if let Err(error) = self.publish(Notice::Rebuilt).await {
             tracing::warn!(%error, "rebuilt set not shared; the others rebuild on their own");
         }
+    }
+
+    /// Gives the rebuild turn back, if this member still holds it.
+    async fn give_back_rebuild_turn(&self) {
         let released: Result<i64, FleetError> = async {
             let mut connection = self.inner.connection.get().await?;
             Ok(RELEASE

@@ -748,6 +748,20 @@ async fn the_member_publishes_its_standing_as_metrics() {
     ));
 }
 
+/// A join given up half-way (a timeout around it: the first member of a
+/// young fleet waits out a lease) leaves the guard as it was, unfenced,
+/// rather than fenced for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_dropped_half_way_leaves_the_guard_as_it_was() {
+    let server = RedisServer::start();
+    let guard = guard("a");
+    let fleet = FleetSync::builder(guard.clone(), server.client(), "dropped").build();
+    let joined = tokio::time::timeout(Duration::from_millis(200), fleet.join()).await;
+    assert!(joined.is_err(), "still waiting out the fleet's first lease");
+    assert!(!guard.is_fenced(), "a dropped join left the guard fenced");
+    assert_eq!(guard.check("never inserted"), Verdict::Absent);
+}
+
 /// A source whose passes fail once told to.
 struct FailsWhenTold {
     failing: std::sync::atomic::AtomicBool,

@@ -542,6 +542,8 @@ impl FleetSync {
     ///
     /// # Errors
     /// [`FleetError::SettingsDiffer`]; Redis errors. The guard is left as it was.
+    /// Dropping the future before it returns (a `timeout` around it) does
+    /// the same, and gives back a lease it may have taken.
     ///
     /// # Panics
     /// Outside a tokio runtime.
@@ -565,20 +567,16 @@ impl FleetSync {
         &self,
         shutdown: Option<&CancellationToken>,
     ) -> Result<FleetHandle, FleetError> {
-        let was_fenced = self.inner.guard.is_fenced();
+        let mut unfinished = UnfinishedJoin {
+            member: self.clone(),
+            was_fenced: self.inner.guard.is_fenced(),
+            finished: false,
+        };
         self.inner.guard.set_fenced(true);
         self.state().fenced = true;
         self.inner.counters.count_fence();
-        if let Err(error) = self.enter().instrument(self.span("join")).await {
-            // A set replaced from a snapshot lacks what the stream after it
-            // holds: it stays fenced.
-            let mut state = self.state();
-            if state.replacements == 0 {
-                self.inner.guard.set_fenced(was_fenced);
-                state.fenced = was_fenced;
-            }
-            return Err(error);
-        }
+        self.enter().instrument(self.span("join")).await?;
+        unfinished.finished = true;
         self.take_rebuild_turns();
         let member = self.clone();
         let task = StoppableTask::spawn("fleet member", shutdown, |stop| async move {
@@ -864,6 +862,40 @@ impl FleetHandle {
     /// Whether the tasks ended by panicking (logged at ERROR when they did).
     pub fn panicked(&self) -> bool {
         self.task.panicked()
+    }
+}
+
+/// Undoes a join that did not finish, by an error or by its future being
+/// dropped (a `timeout` around `join`, which waits out a young fleet's first
+/// lease): gives back a lease it may have taken, so that writers stop
+/// waiting for it, and leaves the guard fenced as it was before, unless a
+/// snapshot replaced its set (which lacks what the stream after it holds).
+struct UnfinishedJoin {
+    member: FleetSync,
+    was_fenced: bool,
+    finished: bool,
+}
+
+impl Drop for UnfinishedJoin {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let member = &self.member;
+        {
+            let mut state = member.state();
+            // A renewal's reply still on its way says nothing of a lease now.
+            state.lease_epoch += 1;
+            state.fence_at = None;
+            if state.replacements == 0 {
+                member.inner.guard.set_fenced(self.was_fenced);
+                state.fenced = self.was_fenced;
+            }
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let member = member.clone();
+            runtime.spawn(async move { member.give_up_lease().await });
+        }
     }
 }
 

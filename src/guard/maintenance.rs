@@ -161,7 +161,11 @@ impl Guard {
             return Some("schedule");
         }
         if let Some(fraction) = policy.removed_fraction {
-            let removed = self.inner.counters.sum(Counter::Removed as usize) - baseline.removed;
+            let removed = self
+                .inner
+                .counters
+                .sum(Counter::Removed as usize)
+                .saturating_sub(baseline.removed);
             if removed as f64 > fraction * last_counted.unwrap_or(0).max(1) as f64 {
                 return Some("removed keys");
             }

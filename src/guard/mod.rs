@@ -163,6 +163,14 @@ struct Inner {
     rebuild_turns: Mutex<Option<Arc<dyn maintenance::RebuildTurns>>>,
 }
 
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // A maintenance task asleep until its next tick (which can be hours
+        // away) would hold the source, and whatever it holds, until then.
+        self.wake.notify_one();
+    }
+}
+
 impl Guard {
     /// Starts a [`GuardBuilder`].
     pub fn builder() -> GuardBuilder {

@@ -112,6 +112,9 @@ impl GuardReader {
     }
 
     /// [`Guard::check_many`], answered from the cached filters.
+    ///
+    /// # Panics
+    /// If `out` is shorter than `keys`.
     pub fn check_many<K: AsRef<[u8]>>(&mut self, keys: &[K], out: &mut [Verdict]) {
         self.guard.check_many_in(self.live.load(), keys, out);
     }

@@ -403,14 +403,22 @@ impl RedisSource {
             })
             .flat_map(|line| line.split(' ').skip(8))
             .filter(|range| !range.starts_with('['))
-            .map(|range| match range.split_once('-') {
-                Some((first, last)) => match (first.parse::<u32>(), last.parse::<u32>()) {
-                    (Ok(first), Ok(last)) if last >= first => last - first + 1,
-                    _ => 0,
-                },
-                None => u32::from(range.parse::<u32>().is_ok()),
+            .map(|range| {
+                // Slots are 0..16384: anything else (a broken reply) counts for none.
+                let slot = |text: &str| {
+                    text.parse::<u32>()
+                        .ok()
+                        .filter(|&slot| slot < CLUSTER_SLOTS)
+                };
+                match range.split_once('-') {
+                    Some((first, last)) => match (slot(first), slot(last)) {
+                        (Some(first), Some(last)) if last >= first => last - first + 1,
+                        _ => 0,
+                    },
+                    None => u32::from(slot(range).is_some()),
+                }
             })
-            .sum();
+            .fold(0u32, u32::saturating_add);
         if served != CLUSTER_SLOTS {
             return Err(RedisError::from(std::io::Error::other(format!(
                 "{served} of the cluster's {CLUSTER_SLOTS} slots are served by a master the \
@@ -627,8 +635,18 @@ impl RedisLoader {
         let Some(command) = mget else {
             return Ok(Vec::new());
         };
+        let asked = command.args_iter().count() - 1;
         let mut manager = self.connection.get().await?;
-        command.query_async(&mut manager).await
+        let values: Vec<Option<Vec<u8>>> = command.query_async(&mut manager).await?;
+        // A proxy's odd reply (nil, one string) reads as a short array: the
+        // keys left over would read as not found.
+        if values.len() != asked {
+            return Err(RedisError::from(std::io::Error::other(format!(
+                "MGET of {asked} keys answered {} values",
+                values.len()
+            ))));
+        }
+        Ok(values)
     }
 }
 

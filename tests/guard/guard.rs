@@ -1228,3 +1228,32 @@ fn a_key_type_that_checks_a_guard_in_as_ref_is_answered() {
         1
     );
 }
+
+/// A maintenance task holds its guard weakly, and ends once the guard is
+/// dropped; also when its next tick is an hour away, since it would keep
+/// the staleness check's closure (and what it holds: a pool, a client)
+/// until then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_lets_go_of_a_dropped_guard_at_once() {
+    let held_by_the_check = Arc::new(());
+    let guard = Guard::builder()
+        .expected_items(1_000)
+        .maintenance_interval(Duration::from_secs(3_600))
+        .staleness_check(0.5, {
+            let held = Arc::clone(&held_by_the_check);
+            move |_key| {
+                let _ = &held;
+                async { Ok(false) }
+            }
+        })
+        .build()
+        .unwrap();
+    let maintenance = guard.spawn_maintenance();
+    tokio::time::sleep(Duration::from_millis(50)).await; // asleep until its next tick
+    drop(guard);
+    wait_until("the task to let the check go", || {
+        Arc::strong_count(&held_by_the_check) == 1
+    })
+    .await;
+    drop(maintenance);
+}

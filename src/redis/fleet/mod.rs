@@ -105,7 +105,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::Connection;
-use crate::guard::{Guard, PendingWrite};
+use crate::guard::{Guard, MAX_DURATION, PendingWrite};
 use crate::task::StoppableTask;
 use membership::Renewal;
 use stats::FleetCounters;
@@ -295,6 +295,10 @@ impl MemberState {
     }
 }
 
+/// The shortest lease and snapshot period: shorter ones would have members
+/// do little else than renew or publish.
+const SHORTEST_PERIOD: Duration = Duration::from_millis(100);
+
 /// Configures a [`FleetSync`]; made by [`FleetSync::builder`].
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
@@ -309,17 +313,18 @@ impl FleetSyncBuilder {
     /// How long a member's lease lasts (4 s unless told): the longest a
     /// writer waits for a member that stopped answering, and the longest a
     /// member that lost Redis answers before it fences itself. Renewed every
-    /// quarter lease. At least 100 ms.
+    /// quarter lease. At least 100 ms, at most
+    /// [`MAX_DURATION`](crate::guard::MAX_DURATION).
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.settings.lease = lease.max(Duration::from_millis(100));
+        self.settings.lease = lease.clamp(SHORTEST_PERIOD, MAX_DURATION);
         self
     }
 
     /// How long a writer waits for members that keep their leases but do not
     /// apply its insert (3 leases unless told) before it gives up, and the
-    /// write is not made.
+    /// write is not made. At most [`MAX_DURATION`](crate::guard::MAX_DURATION).
     pub fn ack_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.ack_timeout = timeout;
+        self.settings.ack_timeout = timeout.min(MAX_DURATION);
         self
     }
 
@@ -339,9 +344,10 @@ impl FleetSyncBuilder {
 
     /// Publishes a snapshot every `period` (one member at a time), which
     /// also trims the stream to the snapshot before. Unless told, only when
-    /// a member asks for one.
+    /// a member asks for one. At least 100 ms, at most
+    /// [`MAX_DURATION`](crate::guard::MAX_DURATION).
     pub fn snapshot_every(mut self, period: Duration) -> Self {
-        self.settings.snapshot_every = Some(period);
+        self.settings.snapshot_every = Some(period.clamp(SHORTEST_PERIOD, MAX_DURATION));
         self
     }
 

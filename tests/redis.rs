@@ -147,15 +147,16 @@ async fn redis_down_at_start_keeps_the_guard_warming_until_it_comes_up() {
     );
 }
 
-/// A source that stops after its first page until told to go on: the
-/// pass is certainly in the middle when the test acts.
-struct PausesMidPass {
+/// A Redis source that runs `act` after each pass's first page: the pass
+/// is certainly in the middle when the test acts.
+struct ActsMidPass<A> {
     source: RedisSource,
-    paused: std::sync::atomic::AtomicBool,
-    resume: tokio::sync::Semaphore,
+    act: A,
 }
 
-impl bloomguard::KeySource for PausesMidPass {
+type Act = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+impl<A: Fn() -> Act + Send + Sync + 'static> bloomguard::KeySource for ActsMidPass<A> {
     fn scan(&self) -> bloomguard::source::KeyStream<'_> {
         use futures_util::StreamExt;
         Box::pin(
@@ -164,8 +165,7 @@ impl bloomguard::KeySource for PausesMidPass {
                 .enumerate()
                 .then(move |(page, batch)| async move {
                     if page == 0 {
-                        self.paused.store(true, std::sync::atomic::Ordering::SeqCst);
-                        self.resume.acquire().await.unwrap().forget();
+                        (self.act)().await;
                     }
                     batch
                 }),
@@ -178,35 +178,43 @@ async fn redis_killed_mid_scan_leaves_the_old_filter_serving() {
     let mut server = RedisServer::start();
     let port = server.port;
     server.populate(0..100_000);
-    let source = std::sync::Arc::new(PausesMidPass {
+    let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let resume = std::sync::Arc::new(tokio::sync::Semaphore::new(1)); // the first build runs through
+    let source = ActsMidPass {
         source: RedisSource::new(server.client(), "item:*")
             .strip_prefix("item:")
             .count(10),
-        paused: std::sync::atomic::AtomicBool::new(false),
-        resume: tokio::sync::Semaphore::new(1), // the first build runs through
-    });
+        act: {
+            let (paused, resume) = (paused.clone(), resume.clone());
+            move || -> Act {
+                let (paused, resume) = (paused.clone(), resume.clone());
+                Box::pin(async move {
+                    paused.store(true, std::sync::atomic::Ordering::SeqCst);
+                    resume.acquire().await.unwrap().forget();
+                })
+            }
+        },
+    };
     let guard = Guard::builder()
         .expected_items(200_000)
-        .source(std::sync::Arc::clone(&source))
+        .source(source)
         .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
         .build()
         .unwrap();
     guard.rebuild().await.unwrap();
     let generation = guard.stats().swaps;
 
-    source
-        .paused
-        .store(false, std::sync::atomic::Ordering::SeqCst);
+    paused.store(false, std::sync::atomic::Ordering::SeqCst);
     let rebuilding = tokio::spawn({
         let guard = guard.clone();
         async move { guard.rebuild().await }
     });
     wait_until("the second pass to pause after its first page", || {
-        source.paused.load(std::sync::atomic::Ordering::SeqCst)
+        paused.load(std::sync::atomic::Ordering::SeqCst)
     })
     .await;
     server.kill();
-    source.resume.add_permits(1_000); // this pass and the ones after go on
+    resume.add_permits(1_000); // this pass and the ones after go on
     let error = rebuilding.await.unwrap().unwrap_err();
     assert!(
         matches!(error, bloomguard::RebuildError::Source(_)),
@@ -225,43 +233,6 @@ async fn redis_killed_mid_scan_leaves_the_old_filter_serving() {
     assert_eq!(report.keys, 100_000);
 }
 
-/// A source that restarts its Redis (same port, same keys) after its first
-/// page, and gives the connection time to come back before the next.
-struct RestartsRedisMidPass {
-    source: RedisSource,
-    server: std::sync::Mutex<RedisServer>,
-    restarted: std::sync::atomic::AtomicBool,
-}
-
-impl bloomguard::KeySource for RestartsRedisMidPass {
-    fn scan(&self) -> bloomguard::source::KeyStream<'_> {
-        use futures_util::StreamExt;
-        Box::pin(
-            self.source
-                .scan()
-                .enumerate()
-                .then(move |(page, batch)| async move {
-                    if page == 0
-                        && !self
-                            .restarted
-                            .swap(true, std::sync::atomic::Ordering::Relaxed)
-                    {
-                        let port = {
-                            let mut server = self.server.lock().unwrap();
-                            server.kill();
-                            server.port
-                        };
-                        let restarted = RedisServer::start_on(port);
-                        restarted.populate(0..100_000);
-                        *self.server.lock().unwrap() = restarted;
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                    batch
-                }),
-        )
-    }
-}
-
 /// A `SCAN` cursor means nothing to another process (a restart, a failover):
 /// keys after it may be skipped. A pass across a restart fails, whatever
 /// the connection did meanwhile.
@@ -274,10 +245,31 @@ async fn a_pass_across_a_redis_restart_fails() {
         .count(100);
     let guard = Guard::builder()
         .expected_items(200_000)
-        .source(RestartsRedisMidPass {
+        .source(ActsMidPass {
             source,
-            server: std::sync::Mutex::new(server),
-            restarted: std::sync::atomic::AtomicBool::new(false),
+            // Restarts Redis (same port, same keys) once, and gives the
+            // connection time to come back before the next page.
+            act: {
+                let server = std::sync::Arc::new(std::sync::Mutex::new(server));
+                let restarted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                move || -> Act {
+                    let (server, restarted) = (server.clone(), restarted.clone());
+                    Box::pin(async move {
+                        if restarted.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                            return;
+                        }
+                        let port = {
+                            let mut server = server.lock().unwrap();
+                            server.kill();
+                            server.port
+                        };
+                        let back = RedisServer::start_on(port);
+                        back.populate(0..100_000);
+                        *server.lock().unwrap() = back;
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    })
+                }
+            },
         })
         .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
         .build()

@@ -49,6 +49,20 @@ impl Gate {
     }
 }
 
+/// `count` concurrent `get`s of `key`, each on a task of its own.
+fn spawn_gets<L: bloomguard::Loader<String>>(
+    loader: &GuardedLoader<String, L>,
+    key: &str,
+    count: usize,
+) -> Vec<tokio::task::JoinHandle<Result<Option<L::Value>, Arc<L::Error>>>> {
+    (0..count)
+        .map(|_| {
+            let (loader, key) = (loader.clone(), key.to_string());
+            tokio::spawn(async move { loader.get(key).await })
+        })
+        .collect()
+}
+
 fn guard_with(keys: &[&str]) -> Guard {
     let guard = Guard::builder().expected_items(10_000).build().unwrap();
     for key in keys {
@@ -141,12 +155,7 @@ fn the_futures_of_get_and_contains_stay_small() {
 async fn concurrent_loads_of_one_key_share_one_call() {
     let gate = Gate::closed();
     let loader = GuardedLoader::new(guard_with(&["item:7"]), gate.loader());
-    let waiters: Vec<_> = (0..10)
-        .map(|_| {
-            let loader = loader.clone();
-            tokio::spawn(async move { loader.get("item:7".to_string()).await })
-        })
-        .collect();
+    let waiters = spawn_gets(&loader, "item:7", 10);
     wait_until("the first call", || gate.calls() == 1).await;
     assert_eq!(gate.calls(), 1, "the others wait for it");
     assert_eq!(loader.in_flight(), 1);
@@ -227,12 +236,7 @@ async fn a_not_found_is_shared_where_no_write_can_have_landed_since() {
         }
         guard.insert("ghost"); // in the filter, never in the store
         tokio::time::advance(2 * SETTLE).await;
-        let waiters: Vec<_> = (0..5)
-            .map(|_| {
-                let loader = loader.clone();
-                tokio::spawn(async move { loader.get("ghost".to_string()).await })
-            })
-            .collect();
+        let waiters = spawn_gets(&loader, "ghost", 5);
         wait_until("the first call", || gate.calls() == 1).await;
         gate.open.add_permits(5);
         for waiter in waiters {
@@ -247,12 +251,7 @@ async fn a_not_found_is_shared_where_no_write_can_have_landed_since() {
 async fn an_error_reaches_every_waiter_and_is_not_cached() {
     let gate = Gate::closed();
     let loader = GuardedLoader::new(guard_with(&["broken"]), gate.loader());
-    let waiters: Vec<_> = (0..5)
-        .map(|_| {
-            let loader = loader.clone();
-            tokio::spawn(async move { loader.get("broken".to_string()).await })
-        })
-        .collect();
+    let waiters = spawn_gets(&loader, "broken", 5);
     wait_until("the first call", || gate.calls() == 1).await;
     gate.open.add_permits(1);
     let errors: Vec<Arc<String>> = futures_errors(waiters).await;

@@ -54,7 +54,7 @@ fn spawn_gets<L: bloomguard::Loader<String>>(
     loader: &GuardedLoader<String, L>,
     key: &str,
     count: usize,
-) -> Vec<tokio::task::JoinHandle<Result<Option<L::Value>, Arc<L::Error>>>> {
+) -> Vec<tokio::task::JoinHandle<bloomguard::loader::Loaded<L::Value, L::Error>>> {
     (0..count)
         .map(|_| {
             let (loader, key) = (loader.clone(), key.to_string());

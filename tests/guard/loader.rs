@@ -304,6 +304,23 @@ async fn a_waiter_takes_over_when_the_first_caller_is_cancelled() {
     assert_eq!(loader.in_flight(), 0, "removed on cancellation too");
 }
 
+/// A store of ids, shared with the test.
+type Store = Arc<std::sync::Mutex<std::collections::HashSet<String>>>;
+
+/// A loader over `store` with a confirmed-absent cache (60 s).
+fn cached_loader_over(
+    guard: &Guard,
+    store: &Store,
+) -> GuardedLoader<String, impl bloomguard::Loader<String, Value = (), Error = std::io::Error>> {
+    let listed = Arc::clone(store);
+    GuardedLoader::new(guard.clone(), move |key: String| {
+        let found = listed.lock().unwrap().contains(&key);
+        async move { Ok::<_, std::io::Error>(found.then_some(())) }
+    })
+    .confirmed_absent_cache(100, Duration::from_secs(60))
+    .unwrap()
+}
+
 /// The write settle of the confirmed-absent cache tests.
 const SETTLE: Duration = Duration::from_millis(100);
 
@@ -401,13 +418,7 @@ async fn a_cached_absent_never_hides_a_write_still_pending() {
     ));
     // One write begins before the cache exists, when nothing times inserts.
     let early = guard.begin_write("early:1");
-    let listed = Arc::clone(&store);
-    let loader = GuardedLoader::new(guard.clone(), move |key: String| {
-        let found = listed.lock().unwrap().contains(&key);
-        async move { Ok::<_, std::io::Error>(found.then_some(())) }
-    })
-    .confirmed_absent_cache(100, Duration::from_secs(60))
-    .unwrap();
+    let loader = cached_loader_over(&guard, &store);
 
     let pending = guard.begin_write("slow:1");
     tokio::time::advance(3 * SETTLE).await; // the write takes its time
@@ -443,13 +454,7 @@ async fn a_cached_absent_does_not_outlive_a_merged_filter() {
     let store = Arc::new(std::sync::Mutex::new(
         std::collections::HashSet::<String>::new(),
     ));
-    let listed = Arc::clone(&store);
-    let loader = GuardedLoader::new(guard.clone(), move |key: String| {
-        let found = listed.lock().unwrap().contains(&key);
-        async move { Ok::<_, std::io::Error>(found.then_some(())) }
-    })
-    .confirmed_absent_cache(100, Duration::from_secs(60))
-    .unwrap();
+    let loader = cached_loader_over(&guard, &store);
     guard.insert("item:1"); // in the filter, not (yet) in the store
     tokio::time::advance(2 * SETTLE).await;
     assert_eq!(loader.get("item:1".into()).await.unwrap(), None);

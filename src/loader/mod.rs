@@ -31,8 +31,8 @@
 //! running call, begun before the write landed, missed. Where the guard
 //! times its inserts (a [confirmed-absent cache](GuardedLoader::confirmed_absent_cache)
 //! turns that on) and shows no insert of the key since the call began
-//! (minus the write settle), waiters take the "not found"; otherwise each
-//! asks the backend again, after the running call.
+//! (minus the write settle), waiters take the "not found"; otherwise they
+//! share one more call, begun after all of them.
 //! (Kept by hand rather than moka's `try_get_with`, which caches the value:
 //! a guard in front of a store must not; this keeps only the call in flight.)
 
@@ -572,6 +572,7 @@ where
     /// its result and when it started.
     async fn load_once(&self, key: &K) -> (Loaded<L::Value, L::Error>, Instant) {
         let in_flight = &self.inner.in_flight;
+        let began = Instant::now();
         loop {
             let flight = match in_flight.entry(key.clone()) {
                 Entry::Occupied(running) => Arc::clone(running.get()),
@@ -593,40 +594,41 @@ where
                 done.await;
             }
             match flight.result.get() {
-                Some(result) if self.may_share(key, &flight, result) => {
+                Some(result) if self.may_share(key, &flight, result, began) => {
                     return (result.clone(), flight.started);
                 }
-                Some(_) => return self.load_alone(key).await,
+                // Too old for this caller: a call begun after it (led by one
+                // such caller, joined by the others) answers them all.
+                Some(_) => {
+                    in_flight.remove_if(key, |_, running| Arc::ptr_eq(running, &flight));
+                }
                 // The caller running it was cancelled: take over.
                 None => {}
             }
         }
     }
 
-    /// Whether a caller that joined `flight` may take its result. A value
-    /// or an error, always. "Not found" only where no write of the key can
-    /// have landed after the flight's read began: the caller may have begun
-    /// after such a write completed, and the older read missed it. Without
-    /// the insert clock (see `Guard::may_have_written_since`) that cannot
-    /// be shown, nor on a fenced guard (a fleet member may lack inserts the
-    /// fleet acknowledged without it, which stamped nothing here): the
-    /// caller asks itself.
+    /// Whether a caller that joined `flight` at `began` may take its
+    /// result. A value or an error, always; so any result of a call begun
+    /// after the caller (strictly: under a paused clock, "at once" is not
+    /// "after"). An older "not found" only where no write of the key
+    /// can have landed after the call's read began: the caller may have
+    /// begun after such a write completed, and the older read missed it.
+    /// Without the insert clock (see `Guard::may_have_written_since`) that
+    /// cannot be shown, nor on a fenced guard (a fleet member may lack
+    /// inserts the fleet acknowledged without it, which stamped nothing
+    /// here).
     fn may_share(
         &self,
         key: &K,
         flight: &Flight<L::Value, L::Error>,
         result: &Loaded<L::Value, L::Error>,
+        began: Instant,
     ) -> bool {
         let guard = &self.inner.guard;
         !matches!(result, Ok(None))
+            || flight.started > began
             || (!guard.is_fenced() && !guard.may_have_written_since(key.as_ref(), flight.started))
-    }
-
-    /// One backend call for this caller alone, outside the coalescing.
-    async fn load_alone(&self, key: &K) -> (Loaded<L::Value, L::Error>, Instant) {
-        let started = Instant::now();
-        let result = self.inner.loader.load(key.clone()).await.map_err(Arc::new);
-        (result, started)
     }
 
     async fn lead(

@@ -184,8 +184,8 @@ impl Connection {
 /// Every key matching a pattern, streamed with `SCAN … MATCH … COUNT`: a
 /// rebuild over ten million keys holds one page of keys at a time. A pass
 /// across a restart of Redis fails (its `INFO` run id changed: the cursor
-/// meant nothing to the new process), so the user needs `SCAN` and `INFO`
-/// (and `CLUSTER NODES` on a cluster).
+/// meant nothing to the new process); where `INFO` is denied, that goes
+/// unnoticed. The user needs `SCAN` (and `CLUSTER NODES` on a cluster).
 ///
 /// ```no_run
 /// use bloomguard::{Guard, redis::RedisSource};
@@ -316,11 +316,19 @@ impl RedisSource {
     async fn serving_process(&self, node: Option<&MasterNode>) -> Result<String, RedisError> {
         let mut info = redis::cmd("INFO");
         info.arg("server");
-        let info: String = self.query_on(node, &info).await?;
-        let Some(run_id) = info.lines().find_map(|line| line.strip_prefix("run_id:")) else {
-            return Err(RedisError::from(std::io::Error::other(
-                "INFO server has no run_id: cannot tell a restart during the pass",
-            )));
+        // Where INFO is denied (an ACL) or has no run id (a proxy), a restart
+        // goes unnoticed here; the next SCAN on a plain node's connection
+        // fails on its own.
+        let run_id = match self.query_on::<String>(node, &info).await {
+            Ok(info) => info
+                .lines()
+                .find_map(|line| line.strip_prefix("run_id:"))
+                .map(|id| id.trim().to_owned())
+                .unwrap_or_default(),
+            Err(error) => {
+                tracing::debug!(%error, "INFO server refused: a restart during the pass goes unnoticed");
+                String::new()
+            }
         };
         if node.is_some() {
             let mut nodes = redis::cmd("CLUSTER");
@@ -342,7 +350,7 @@ impl RedisSource {
                 )));
             }
         }
-        Ok(run_id.trim().to_owned())
+        Ok(run_id)
     }
 
     /// [`serving_process`](Self::serving_process) of every node of a pass.

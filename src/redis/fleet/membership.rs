@@ -209,12 +209,6 @@ impl FleetSync {
             state.fence_at = None;
         }
         self.refresh_fence();
-        self.give_up_lease().await;
-    }
-
-    /// Deletes this member's lease and applied position in Redis, so that
-    /// writers stop waiting for it; one that cannot be deleted lapses.
-    pub(super) async fn give_up_lease(&self) {
         let keys = &self.inner.keys;
         let withdrawn: Result<(), FleetError> = async {
             let mut connection = self.inner.connection.get().await?;

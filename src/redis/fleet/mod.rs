@@ -547,9 +547,10 @@ impl FleetSync {
     /// nothing keeps it up to date any more.
     ///
     /// # Errors
-    /// [`FleetError::SettingsDiffer`]; Redis errors. The guard is left as it was.
+    /// [`FleetError::SettingsDiffer`]; Redis errors. The guard is left fenced
+    /// as it was, or fenced where a snapshot has replaced its set already.
     /// Dropping the future before it returns (a `timeout` around it) does
-    /// the same, and gives back a lease it may have taken.
+    /// the same; a lease it took lapses within a lease.
     ///
     /// # Panics
     /// Outside a tokio runtime.
@@ -873,9 +874,10 @@ impl FleetHandle {
 
 /// Undoes a join that did not finish, by an error or by its future being
 /// dropped (a `timeout` around `join`, which waits out a young fleet's first
-/// lease): gives back a lease it may have taken, so that writers stop
-/// waiting for it, and leaves the guard fenced as it was before, unless a
-/// snapshot replaced its set (which lacks what the stream after it holds).
+/// lease): leaves the guard fenced as it was before, unless a snapshot
+/// replaced its set (which lacks what the stream after it holds). A lease
+/// it took lapses within a lease (writers wait for it until then): deleting
+/// it from here could race a retried join's renewal of the same member.
 struct UnfinishedJoin {
     member: FleetSync,
     was_fenced: bool,
@@ -897,10 +899,6 @@ impl Drop for UnfinishedJoin {
                 member.inner.guard.set_fenced(self.was_fenced);
                 state.fenced = self.was_fenced;
             }
-        }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let member = member.clone();
-            runtime.spawn(async move { member.give_up_lease().await });
         }
     }
 }

@@ -59,16 +59,20 @@ enum Read {
     Snapshot(StreamPosition, u64, LiveSnapshot),
 }
 
+/// The code of [`SET_MANIFEST`]'s refusal.
+const MANIFEST_REFUSED: &str = "BLOOMGUARD_MANIFEST_REFUSED";
+
 /// Points the manifest (`KEYS[1]`) at a new snapshot (`ARGV[1]`), returning
 /// the one before, when the fleet's record is the one the snapshot's
-/// position was read under (`ARGV[2]`, its `since`); an error otherwise: in
-/// a Redis that lost its data since, that position is in a stream that is
-/// gone, and a member adopting it would skip the new stream's entries.
+/// position was read under (`ARGV[2]`, its `since`); an error otherwise
+/// ([`MANIFEST_REFUSED`]): in a Redis that lost its data since, that
+/// position is in a stream that is gone, and a member adopting it would
+/// skip the new stream's entries.
 static SET_MANIFEST: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if tonumber(redis.call('GET', KEYS[2])) ~= tonumber(ARGV[2]) then
-  return redis.error_reply('BLOOMGUARD the fleet record changed since the snapshot was taken')
+  return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED the fleet record changed since the snapshot was taken')
 end
 return redis.call('SET', KEYS[1], ARGV[1], 'GET')
 ",
@@ -140,13 +144,16 @@ impl FleetSync {
         {
             Ok(previous) => previous,
             Err(error) => {
-                // Not published (a Redis that lost its data since the
-                // position was read, say): the chunks are nobody's.
-                let mut delete = redis::cmd("DEL");
-                for i in 0..count {
-                    delete.arg(keys.chunk(version, i));
+                // Refused (a Redis that lost its data since the position was
+                // read): the chunks are nobody's. Any other error may have
+                // come after the script ran, and the manifest may point at them.
+                if error.to_string().contains(MANIFEST_REFUSED) {
+                    let mut delete = redis::cmd("DEL");
+                    for i in 0..count {
+                        delete.arg(keys.chunk(version, i));
+                    }
+                    let _: Result<i64, _> = delete.query_async(&mut connection).await;
                 }
-                let _: Result<i64, _> = delete.query_async(&mut connection).await;
                 return Err(error.into());
             }
         };

@@ -314,7 +314,7 @@ impl FleetSyncBuilder {
     /// writer waits for a member that stopped answering, and the longest a
     /// member that lost Redis answers before it fences itself. Renewed every
     /// quarter lease. At least 100 ms, at most
-    /// [`MAX_DURATION`](crate::guard::MAX_DURATION).
+    /// [`MAX_DURATION`].
     pub fn lease(mut self, lease: Duration) -> Self {
         self.settings.lease = lease.clamp(SHORTEST_PERIOD, MAX_DURATION);
         self
@@ -322,7 +322,7 @@ impl FleetSyncBuilder {
 
     /// How long a writer waits for members that keep their leases but do not
     /// apply its insert (3 leases unless told) before it gives up, and the
-    /// write is not made. At most [`MAX_DURATION`](crate::guard::MAX_DURATION).
+    /// write is not made. At most [`MAX_DURATION`].
     pub fn ack_timeout(mut self, timeout: Duration) -> Self {
         self.settings.ack_timeout = timeout.min(MAX_DURATION);
         self
@@ -345,7 +345,7 @@ impl FleetSyncBuilder {
     /// Publishes a snapshot every `period` (one member at a time), which
     /// also trims the stream to the snapshot before. Unless told, only when
     /// a member asks for one. At least 100 ms, at most
-    /// [`MAX_DURATION`](crate::guard::MAX_DURATION).
+    /// [`MAX_DURATION`].
     pub fn snapshot_every(mut self, period: Duration) -> Self {
         self.settings.snapshot_every = Some(period.clamp(SHORTEST_PERIOD, MAX_DURATION));
         self

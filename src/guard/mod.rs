@@ -166,7 +166,8 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         // A maintenance task asleep until its next tick (which can be hours
-        // away) would hold the source, and whatever it holds, until then.
+        // away) would hold the staleness check's closure, and whatever it
+        // holds, until then.
         self.wake.notify_one();
     }
 }

@@ -255,6 +255,17 @@ mod tests {
         }
     }
 
+    /// The live set of another instance (seed `seed`) that holds `key`.
+    fn another_instances_snapshot(seed: u64, key: &str) -> LiveSnapshot {
+        let other = Guard::builder()
+            .expected_items(1_000)
+            .seed(seed)
+            .build()
+            .unwrap();
+        other.insert(key);
+        LiveSnapshot::from_bytes(&other.encode_live_set().unwrap()).unwrap()
+    }
+
     /// A source whose pass lists its keys at once (before the test writes
     /// more) and yields them only once the gate opens: a slow scan that has
     /// passed the keys written later.
@@ -301,13 +312,7 @@ mod tests {
             );
             tokio::task::yield_now().await;
         }
-        let other = Guard::builder()
-            .expected_items(1_000)
-            .seed(3)
-            .build()
-            .unwrap();
-        other.insert("written by another instance");
-        let snapshot = LiveSnapshot::from_bytes(&other.encode_live_set().unwrap()).unwrap();
+        let snapshot = another_instances_snapshot(3, "written by another instance");
         member.replace_from_snapshot(snapshot, true, false).unwrap();
         member.set_fenced(false);
         assert!(!member.check("written by another instance").is_absent());
@@ -351,13 +356,7 @@ mod tests {
         assert_eq!(loader.get("item:1".into()).await.unwrap(), None);
         assert_eq!(member.stats().confirmed_absent_hits, 1, "cached");
 
-        let other = Guard::builder()
-            .expected_items(1_000)
-            .seed(5)
-            .build()
-            .unwrap();
-        other.insert("item:1");
-        let snapshot = LiveSnapshot::from_bytes(&other.encode_live_set().unwrap()).unwrap();
+        let snapshot = another_instances_snapshot(5, "item:1");
         member.replace_from_snapshot(snapshot, true, false).unwrap();
         member.set_fenced(false);
         // The other instance's write lands within its settle.

@@ -14,6 +14,8 @@
 //!
 //! The table is printed and written to `target/criterion/fleet.md`.
 
+#[path = "../tests/common/ports.rs"]
+mod ports;
 #[path = "../tests/common/redis_server.rs"]
 #[allow(dead_code)] // the bench starts servers only
 mod redis_server;

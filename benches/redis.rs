@@ -26,6 +26,8 @@ const BATCH: usize = 100;
 const CONCURRENT: usize = 64;
 
 /// The tests' launcher: a server of this bench's own on a free loopback port.
+#[path = "../tests/common/ports.rs"]
+mod ports;
 #[allow(dead_code)]
 #[path = "../tests/common/redis_server.rs"]
 mod redis_server;

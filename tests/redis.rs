@@ -289,6 +289,25 @@ async fn a_pass_across_a_redis_restart_fails() {
     assert_eq!(report.keys, 100_000, "the retry reads every key");
 }
 
+/// The restart tests stop a server and start it on the same port while
+/// clients keep reconnecting to it. A port among the kernel's outgoing ones
+/// could be handed to such a client as its own end, connecting it to itself
+/// and keeping the server from binding (a rare flake of these tests).
+#[test]
+fn test_servers_listen_below_the_ports_clients_connect_from() {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .expect("Linux's outgoing port range");
+    let lowest_outgoing: u16 = range.split_whitespace().next().unwrap().parse().unwrap();
+    let server = RedisServer::start();
+    assert!(
+        server.port < lowest_outgoing,
+        "port {} is in the outgoing range from {lowest_outgoing}",
+        server.port
+    );
+    let cluster_ports = common::ports::free_loopback_port(true);
+    assert!(cluster_ports + 10_000 < lowest_outgoing);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_loader_reconnects_after_redis_restarts() {
     let mut server = RedisServer::start();

@@ -11,6 +11,7 @@ pub(crate) mod items_service;
     feature = "guard"
 ))]
 pub(crate) mod membarrier;
+pub(crate) mod ports;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres_server;
 pub(crate) mod redis_cluster;

@@ -5,7 +5,6 @@
 //! saying what to install: a test that skipped would still be reported as
 //! passed.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -28,10 +27,7 @@ impl PostgresServer {
                  not on the PATH nor under /usr/lib/postgresql/*/bin"
             )
         });
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("a free loopback port")
-            .port();
+        let port = super::ports::free_loopback_port(false);
         let data =
             std::env::temp_dir().join(format!("bloomguard-pg-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&data).unwrap();

@@ -3,7 +3,6 @@
 //! ports, with a short node timeout so that a killed master fails over in
 //! seconds. Killed on drop, by PID.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -26,24 +25,10 @@ impl RedisCluster {
     /// [`start`](Self::start) with `replicas` replicas per master.
     pub(crate) fn start_with_replicas(replicas: usize) -> Self {
         let count = 3 * (1 + replicas);
-        // Each node also listens on its port + 10000 (the cluster bus), so
-        // the port must be at most 55535 and both must be free. The
-        // listeners are held until all six are chosen, so none repeats.
-        let mut held = Vec::new();
-        while held.len() < count {
-            let listener = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
-            let port = listener.local_addr().unwrap().port();
-            if port <= 55_535
-                && let Ok(bus) = TcpListener::bind(("127.0.0.1", port + 10_000))
-            {
-                held.push((listener, bus));
-            }
-        }
-        let ports: Vec<u16> = held
-            .iter()
-            .map(|(listener, _)| listener.local_addr().unwrap().port())
+        // Each node also listens on its port + 10000 (the cluster bus).
+        let ports: Vec<u16> = (0..count)
+            .map(|_| super::ports::free_loopback_port(true))
             .collect();
-        drop(held);
         let dir = std::env::temp_dir().join(format!(
             "bloomguard-cluster-{}-{}",
             std::process::id(),

@@ -2,7 +2,6 @@
 //! `redis-server` on the `PATH` the test fails, saying what to install: a
 //! test that skipped would still be reported as passed.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -24,11 +23,7 @@ impl RedisServer {
     /// [`start`](Self::start), with more `redis-server` arguments (a module
     /// to load).
     pub(crate) fn start_with(extra_args: &[&str]) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("a free loopback port")
-            .port();
-        Self::spawn(port, extra_args)
+        Self::spawn(super::ports::free_loopback_port(false), extra_args)
     }
 
     /// Starts a server on `port` (to restart one where its clients look).
@@ -49,7 +44,7 @@ impl RedisServer {
                 "this test needs redis-server on the PATH (apt-get install -y redis-server): {error}"
             )
         });
-        let server = Self {
+        let mut server = Self {
             port,
             child: Some(child),
         };
@@ -57,7 +52,7 @@ impl RedisServer {
         server
     }
 
-    pub(crate) fn wait_until_up(&self) {
+    fn wait_until_up(&mut self) {
         let client = self.client();
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
@@ -66,6 +61,14 @@ impl RedisServer {
                 .and_then(|mut c| redis::cmd("PING").query(&mut c));
             if pong.is_ok() {
                 return;
+            }
+            if let Some(child) = &mut self.child
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!(
+                    "redis-server on port {} exited ({status}): is the port taken?",
+                    self.port
+                );
             }
             assert!(
                 std::time::Instant::now() < deadline,

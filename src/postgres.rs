@@ -41,10 +41,10 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 /// Every key of a table (or query), streamed by keyset pagination: each page
 /// is `… WHERE key > $last ORDER BY key LIMIT n`, its own short statement, so
 /// a rebuild of a hundred million rows holds no long transaction and one
-/// page in memory. The key column must be text (`text`, `varchar`) under
-/// a deterministic collation (a pass over keys that compare equal by case or
-/// accent fails), and should be indexed (a primary key is). PostgreSQL 12 or
-/// later.
+/// page in memory. The key column must be `text` or `varchar` (or a domain
+/// over one) under a deterministic collation: a pass over keys that compare
+/// equal by case or accent, or over `citext` or `char(n)`, fails. It should
+/// be indexed (a primary key is). PostgreSQL 12 or later.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -66,8 +66,9 @@ pub struct PgSource {
     first_page: String,
     /// `SELECT key … WHERE key > $1 ORDER BY key LIMIT $2`.
     next_page: String,
-    /// Whether the keys' collation is deterministic (`NULL`: no rows).
-    collation_check: String,
+    /// The keys' type (a domain's base type) and whether their collation is
+    /// deterministic (`NULL`s: no rows).
+    key_check: String,
     page: i64,
     map_key: Option<KeyMap>,
 }
@@ -95,14 +96,17 @@ impl PgSource {
             next_page: format!(
                 "SELECT {key} FROM {relation} WHERE {key} > $1 ORDER BY {key} LIMIT $2"
             ),
-            // By name, as `pg_collation_for` spells it (quoted, and qualified
-            // when not on the search path): `regcollation` needs PostgreSQL 13.
-            collation_check: format!(
-                "SELECT bool_and(c.collisdeterministic) \
-                 FROM (SELECT {key} AS key FROM {relation} LIMIT 1) AS one, \
-                 pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace \
-                 WHERE pg_collation_for(one.key) COLLATE \"C\" IN \
-                 (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname))"
+            // The collation by name, as `pg_collation_for` spells it (quoted,
+            // and qualified when not on the search path): `regcollation`
+            // needs PostgreSQL 13.
+            key_check: format!(
+                "WITH one AS (SELECT {key} AS key FROM {relation} LIMIT 1) SELECT \
+                 (SELECT format_type(coalesce(nullif(t.typbasetype, 0), t.oid), NULL) \
+                  FROM one, pg_type t WHERE t.oid = pg_typeof(one.key)), \
+                 (SELECT bool_and(c.collisdeterministic) \
+                  FROM one, pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace \
+                  WHERE pg_collation_for(one.key) COLLATE \"C\" IN \
+                  (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname)))"
             ),
             page: Self::DEFAULT_PAGE,
             map_key: None,
@@ -134,16 +138,29 @@ impl PgSource {
         page.fetch_all(&self.pool).await
     }
 
-    /// Fails when the keys compare under a non-deterministic collation (one
-    /// that ignores case or accents): `'a'` equals `'A'` there, and a page
-    /// ending at `'A'` goes on with `key > 'A'`, past `'a'`. (The store's
-    /// `= $1` would also find `'A'` for `'a'`, which the guard, holding
-    /// bytes, answers absent.) One short statement a pass.
-    async fn refuse_non_deterministic_keys(&self) -> Result<(), SourceError> {
-        let deterministic: Option<bool> = sqlx::query_scalar(&self.collation_check)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(SourceError::new)?;
+    /// Fails unless the keys compare byte for byte: text or varchar under a
+    /// deterministic collation. Under one that ignores case or accents,
+    /// `'a'` equals `'A'`, and a page ending at `'A'` goes on with
+    /// `key > 'A'`, past `'a'`; `citext` orders without case but compares
+    /// with a text parameter as text, so under "C" the page after `'a'`
+    /// skips `'B'`; `char(n)` pads its keys. (The store's `= $1` would also
+    /// find `'A'` for `'a'`, which the guard, holding bytes, answers absent.)
+    /// One short statement a pass.
+    async fn refuse_loosely_compared_keys(&self) -> Result<(), SourceError> {
+        let (key_type, deterministic): (Option<String>, Option<bool>) =
+            sqlx::query_as(&self.key_check)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(SourceError::new)?;
+        if let Some(key_type) = key_type
+            && !matches!(key_type.as_str(), "text" | "character varying")
+        {
+            return Err(SourceError::new(format!(
+                "the key column is {key_type}, not text or varchar: its keys do not compare \
+                 byte for byte (citext ignores case, char(n) pads), so pages would skip keys \
+                 and the guard would not hold them as the application checks them"
+            )));
+        }
         if deterministic == Some(false) {
             return Err(SourceError::new(
                 "the key column's collation is not deterministic: keys it compares equal \
@@ -164,7 +181,7 @@ impl KeySource for PgSource {
                 return Ok::<_, SourceError>(None); // past the last page
             };
             if after.is_none() {
-                self.refuse_non_deterministic_keys().await?;
+                self.refuse_loosely_compared_keys().await?;
             }
             let keys = self
                 .page_after(after.as_deref())
@@ -199,6 +216,12 @@ impl fmt::Debug for PgSource {
 /// [`GuardedLoader`](crate::GuardedLoader), or as a `tower::Service` behind
 /// [`GuardLayer::for_loader`](crate::GuardLayer::for_loader). `V` is what the
 /// value column decodes to (`String` for text, `Vec<u8>` for bytea, …).
+///
+/// The key column must compare keys byte for byte, as the guard does: a
+/// deterministic collation, not one that ignores case or accents, and not
+/// `citext`. Under those, `= $1` finds the row of `'A'` for `'a'`, which a
+/// guard holding `'A'` answers absent without asking. [`PgSource`] refuses
+/// such a column; the loader cannot, since the guard answers before it runs.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -228,3 +228,40 @@ async fn keys_under_a_non_deterministic_collation_fail_the_pass() {
     assert_eq!(report.keys, 3);
     assert_eq!(guard.check("a"), Verdict::MaybePresent);
 }
+
+/// `citext` orders case-insensitively, but `key > $1` with a text parameter
+/// compares as text: under the "C" collation, `'B' > 'a'` is false, so the
+/// page after `'a'` skipped `'B'`, which the guard then answered absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_of_a_case_insensitive_type_fail_the_pass() {
+    let server = PostgresServer::start();
+    let pool = server.pool().await;
+    for statement in [
+        "CREATE EXTENSION citext",
+        "CREATE TABLE handles (name citext COLLATE \"C\" PRIMARY KEY)",
+        "INSERT INTO handles VALUES ('B'), ('a'), ('c')",
+    ] {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    let guard = guard_from(PgSource::new(pool.clone(), "handles", "name").page(1));
+    match guard.rebuild().await {
+        Err(error) => assert!(error.to_string().contains("citext"), "{error}"),
+        Ok(report) => panic!(
+            "a pass read {} of the 3 keys and was taken as whole; B: {:?}",
+            report.keys,
+            guard.check("B")
+        ),
+    }
+    assert!(guard.is_warming());
+
+    // As a domain over text, which compares as text: every key read.
+    for statement in [
+        "CREATE DOMAIN handle AS text",
+        "ALTER TABLE handles ALTER COLUMN name TYPE handle COLLATE \"C\"",
+    ] {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    let report = guard.rebuild().await.unwrap();
+    assert_eq!(report.keys, 3);
+    assert_eq!(guard.check("B"), Verdict::MaybePresent);
+}

@@ -823,6 +823,88 @@ async fn a_failed_rebuild_gives_the_fleets_rebuild_turn_back() {
     maintenance.shutdown().await;
 }
 
+/// A source whose pass, once told, stalls the network in front of the
+/// member's Redis and fails: the turn's release then waits on the network.
+struct StallsAndFailsWhenTold {
+    proxy: Arc<TcpProxy>,
+    failing: std::sync::atomic::AtomicBool,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl bloomguard::KeySource for StallsAndFailsWhenTold {
+    fn scan(&self) -> bloomguard::source::KeyStream<'_> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let pass = if self.failing.load(SeqCst) {
+            self.proxy.stall();
+            self.failed.store(true, SeqCst);
+            Err(bloomguard::SourceError::new("the store is down"))
+        } else {
+            Ok(vec![b"1".to_vec()])
+        };
+        Box::pin(futures_util::stream::once(async move { pass }))
+    }
+}
+
+/// The maintenance task's shutdown returns after the rebuild turn is given
+/// back. It used to be given back by a task of its own, which the runtime's
+/// end (a rolling deploy: shut down, then exit) aborted: the turn stayed
+/// taken for the rebuild timeout (10 minutes by default), and no member
+/// rebuilt meanwhile.
+#[test]
+fn shutting_maintenance_down_gives_the_rebuild_turn_back_first() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let server = RedisServer::start();
+    let network = tokio::runtime::Runtime::new().unwrap();
+    let proxy = network.block_on(TcpProxy::start(([127, 0, 0, 1], server.port).into()));
+    let source = Arc::new(StallsAndFailsWhenTold {
+        proxy: Arc::clone(&proxy),
+        failing: std::sync::atomic::AtomicBool::new(false),
+        failed: std::sync::atomic::AtomicBool::new(false),
+    });
+    let guard = Guard::builder()
+        .name("a")
+        .expected_items(1_000)
+        .seed(0xf1ee7)
+        .source(Arc::clone(&source))
+        .rebuild_policy(
+            RebuildPolicy::default()
+                .every(Duration::from_millis(100))
+                .retry_backoff(Duration::from_secs(60), Duration::from_secs(60)),
+        )
+        .maintenance_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let member_runtime = tokio::runtime::Runtime::new().unwrap();
+    let resumed = member_runtime.block_on(async {
+        guard.rebuild().await.unwrap();
+        // Calls time out after a lease: long enough to outlast the stall.
+        let a = join_with(guard, proxy.client(), "shutdown", |builder| {
+            builder.lease(Duration::from_secs(10))
+        })
+        .await;
+        caught_up(&a).await;
+        source.failing.store(true, SeqCst);
+        let maintenance = a.guard().spawn_maintenance();
+        wait_until("a failed pass", || source.failed.load(SeqCst)).await;
+        let resumed = std::thread::spawn({
+            let proxy = Arc::clone(&proxy);
+            move || {
+                std::thread::sleep(Duration::from_millis(500));
+                proxy.resume();
+            }
+        });
+        maintenance.shutdown().await;
+        resumed
+    });
+    drop(member_runtime); // the process exits
+    resumed.join().unwrap();
+    let holder: Option<String> = redis::cmd("GET")
+        .arg("{shutdown}:rebuild:lock")
+        .query(&mut server.client().get_connection().unwrap())
+        .unwrap();
+    assert_eq!(holder, None, "the rebuild turn outlived the shutdown");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_member_rebuilds_for_all_and_the_fleet_forgets_deleted_keys_together() {
     let server = RedisServer::start();

@@ -237,8 +237,13 @@ pub(crate) trait RebuildTurns: Send + Sync {
     fn take(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>>;
     /// The rebuild this guard took the turn for has ended: committed (its
     /// set is then shared), failed or cancelled. The turn is given back
-    /// either way, so that a failed rebuild holds up no other guard.
-    fn ended(&self, committed: bool);
+    /// either way, so that a failed rebuild holds up no other guard. The
+    /// task awaits it, also when shutting down: a task of its own would end
+    /// with the runtime, before the turn is given back.
+    fn ended(
+        &self,
+        committed: bool,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
 }
 
 impl Guard {
@@ -319,16 +324,16 @@ impl Task {
                 && let Some(reason) = guard.rebuild_due(now)
             {
                 let turns = guard.rebuild_turns();
-                let give_back = |committed| {
+                let give_back = async |committed| {
                     if let Some(turns) = &turns {
-                        turns.ended(committed);
+                        turns.ended(committed).await;
                     }
                 };
                 let my_turn = match &turns {
                     None => true,
                     Some(turns) => tokio::select! {
                         () = stop.cancelled() => {
-                            give_back(false); // in case it was taken
+                            give_back(false).await; // in case it was taken
                             break;
                         }
                         my_turn = turns.take() => my_turn,
@@ -338,11 +343,11 @@ impl Task {
                     tracing::debug!(guard = %guard.name(), reason, "rebuilding");
                     tokio::select! {
                         () = stop.cancelled() => {
-                            give_back(false);
+                            give_back(false).await;
                             break;
                         }
                         result = guard.rebuild() => {
-                            give_back(result.is_ok());
+                            give_back(result.is_ok()).await;
                             self.after_rebuild(result.map(|_| ()));
                         }
                     }

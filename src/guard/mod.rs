@@ -572,6 +572,8 @@ impl Guard {
     /// Reports what the backend answered for a key after `MaybePresent`:
     /// `found == false` is a false positive. (After `Warming`, report
     /// nothing, or only what was found: a miss there says nothing of the filter.)
+    /// While the guard [is fenced](Self::is_fenced), a miss is not counted
+    /// either: every check answers "maybe" then, whatever the filters hold.
     pub fn record_outcome(&self, found: bool) {
         self.count_outcome(Verdict::MaybePresent, found);
     }
@@ -580,6 +582,12 @@ impl Guard {
     /// `Absent` one reaches the backend only in shadow mode).
     pub(crate) fn count_outcome(&self, verdict: Verdict, found: bool) {
         let counters = &self.inner.counters;
+        // A fenced "maybe" is not the filters' (read now, after the backend
+        // call: a fence that ended in between counts one miss too many).
+        let verdict = match verdict {
+            Verdict::MaybePresent if self.is_fenced() => Verdict::Warming,
+            verdict => verdict,
+        };
         match (verdict, found) {
             (Verdict::MaybePresent, true) => {
                 counters.add(Counter::Found as usize, 1);

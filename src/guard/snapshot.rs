@@ -368,6 +368,33 @@ mod tests {
         );
     }
 
+    /// A fenced guard answers every check "maybe" whatever its filters hold:
+    /// a miss after one says nothing of them. Counted as false positives,
+    /// they drove the observed rate toward 1 and, with a drift threshold,
+    /// a full rebuild every 10,000 outcomes while the fence lasted.
+    #[tokio::test]
+    async fn misses_while_fenced_are_not_false_positives() {
+        let member = Guard::builder().expected_items(1_000).build().unwrap();
+        let loader = crate::GuardedLoader::new(member.clone(), |_key: String| async {
+            Ok::<_, std::convert::Infallible>(None::<()>)
+        });
+        member.set_fenced(true);
+        for n in 0..100 {
+            let key = format!("item:{n}");
+            assert_eq!(member.check(&key), crate::Verdict::MaybePresent);
+            member.record_outcome(false);
+            assert_eq!(loader.get(key).await.unwrap(), None);
+        }
+        let stats = member.stats();
+        assert_eq!(stats.false_positives, 0, "{stats:?}");
+        assert_eq!(stats.observed_fpr, None);
+
+        member.set_fenced(false);
+        assert_eq!(loader.get("item:0".to_string()).await.unwrap(), None);
+        member.record_outcome(false); // as after a "maybe" of its filters
+        assert_eq!(member.stats().false_positives, 1);
+    }
+
     /// A fenced member may lack keys the fleet acknowledged without it (its
     /// lease lapsed): no insert of them was stamped here, so the insert
     /// clock cannot vouch for a shared "not found" and a joined call asks

@@ -52,15 +52,15 @@ impl RebuildTurns for Turns {
         })
     }
 
-    fn ended(&self, committed: bool) {
-        if let Some(member) = self.member() {
-            tokio::spawn(async move {
+    fn ended(&self, committed: bool) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            if let Some(member) = self.member() {
                 if committed {
                     member.share_rebuild().await;
                 }
                 member.give_back_rebuild_turn().await;
-            });
-        }
+            }
+        })
     }
 }
 

@@ -341,6 +341,11 @@ pub enum FleetError {
         /// Members still behind.
         members_behind: u64,
     },
+    /// The guard follows a fleet already, through this member or another
+    /// one: a guard has one member at a time (the first one's
+    /// [`FleetHandle::shutdown`](crate::redis::fleet::FleetHandle::shutdown)
+    /// lets it join again).
+    AlreadyJoined,
     /// Redis answered in a shape the fleet does not write.
     UnexpectedReply(&'static str),
     /// Fewer replicas than asked for acknowledged an append or a renewal
@@ -387,6 +392,9 @@ impl fmt::Display for FleetError {
                 f,
                 "{members_behind} fleet member(s) did not apply the insert within {waited:?}"
             ),
+            Self::AlreadyJoined => {
+                f.write_str("the guard follows a fleet already: one member per guard at a time")
+            }
             Self::UnexpectedReply(what) => write!(f, "unexpected reply from Redis: {what}"),
             Self::NotReplicated {
                 wanted,

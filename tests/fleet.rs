@@ -823,6 +823,40 @@ async fn a_failed_rebuild_gives_the_fleets_rebuild_turn_back() {
     maintenance.shutdown().await;
 }
 
+/// A guard follows one fleet through one member at a time. A second join
+/// ran a second set of tasks on the same guard: its snapshot could replace
+/// the set under the first one's reads (which then moved past entries the
+/// new set lacks), and its failure unfenced a guard whose lease had lapsed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_in_a_fleet_cannot_join_again_until_it_left() {
+    let server = RedisServer::start();
+    let a = join(guard("a"), server.client(), "once").await;
+    match a.fleet.join().await {
+        Err(FleetError::AlreadyJoined) => {}
+        other => panic!("a second join of a running member: {other:?}"),
+    }
+    let other_member = FleetSync::builder(a.guard().clone(), server.client(), "once")
+        .lease(LEASE)
+        .build();
+    match other_member.join().await {
+        Err(FleetError::AlreadyJoined) => {}
+        other => panic!("a second member over the same guard: {other:?}"),
+    }
+    assert!(!a.handle.panicked());
+    let guard = a.guard().clone();
+    a.handle.shutdown().await;
+    let again = other_member
+        .join()
+        .await
+        .expect("joins once the first one left");
+    caught_up(&Member {
+        fleet: other_member,
+        handle: again,
+    })
+    .await;
+    assert!(!guard.is_fenced());
+}
+
 /// A source whose pass, once told, stalls the network in front of the
 /// member's Redis and fails: the turn's release then waits on the network.
 struct StallsAndFailsWhenTold {

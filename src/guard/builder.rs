@@ -208,6 +208,8 @@ impl GuardBuilder {
                 staleness,
                 verifier: Mutex::new(verifier),
                 rebuild_turns: Mutex::new(None),
+                #[cfg(feature = "redis")]
+                in_fleet: AtomicBool::new(false),
                 insert_clock: OnceLock::new(),
                 untimed_writes: AtomicUsize::new(0),
             }),

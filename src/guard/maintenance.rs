@@ -258,6 +258,19 @@ impl Guard {
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = turns;
     }
 
+    /// Marks the guard as followed by a fleet member; `false` when one
+    /// follows it already.
+    #[cfg(feature = "redis")]
+    pub(crate) fn claim_for_fleet(&self) -> bool {
+        !self.inner.in_fleet.swap(true, Ordering::AcqRel)
+    }
+
+    /// The member that claimed the guard no longer follows the fleet.
+    #[cfg(feature = "redis")]
+    pub(crate) fn release_from_fleet(&self) {
+        self.inner.in_fleet.store(false, Ordering::Release);
+    }
+
     fn rebuild_turns(&self) -> Option<Arc<dyn RebuildTurns>> {
         self.inner
             .rebuild_turns

@@ -161,6 +161,9 @@ struct Inner {
     verifier: Mutex<Option<Verifier>>,
     /// Set while the guard's set is shared with others (a fleet).
     rebuild_turns: Mutex<Option<Arc<dyn maintenance::RebuildTurns>>>,
+    /// Whether a fleet member follows the fleet for this guard (one at a time).
+    #[cfg(feature = "redis")]
+    in_fleet: AtomicBool,
 }
 
 impl Drop for Inner {

@@ -547,7 +547,9 @@ impl FleetSync {
     /// nothing keeps it up to date any more.
     ///
     /// # Errors
-    /// [`FleetError::SettingsDiffer`]; Redis errors. The guard is left fenced
+    /// [`FleetError::AlreadyJoined`] while a member (this one or another)
+    /// follows a fleet for the guard; [`FleetError::SettingsDiffer`]; Redis
+    /// errors. The guard is left fenced
     /// as it was, or fenced where a snapshot has replaced its set already.
     /// Dropping the future before it returns (a `timeout` around it) does
     /// the same; a lease it took lapses within a lease.
@@ -574,6 +576,9 @@ impl FleetSync {
         &self,
         shutdown: Option<&CancellationToken>,
     ) -> Result<FleetHandle, FleetError> {
+        if !self.inner.guard.claim_for_fleet() {
+            return Err(FleetError::AlreadyJoined);
+        }
         let mut unfinished = UnfinishedJoin {
             member: self.clone(),
             was_fenced: self.inner.guard.is_fenced(),
@@ -586,10 +591,11 @@ impl FleetSync {
         unfinished.finished = true;
         self.take_rebuild_turns();
         let member = self.clone();
+        // However the tasks end (left, panicked, aborted, never started),
+        // nothing keeps the guard up to date any more.
+        let ended = MembershipEnds(self.inner.guard.clone());
         let task = StoppableTask::spawn("fleet member", shutdown, |stop| async move {
-            // However the tasks end (left, panicked, aborted), nothing keeps
-            // the guard up to date any more.
-            let _fence = FenceOnDrop(member.inner.guard.clone());
+            let _ended = ended;
             let run = async {
                 tokio::join!(
                     member.consume(),
@@ -795,11 +801,13 @@ impl fmt::Debug for FleetSync {
 }
 
 /// Fences its guard when dropped.
-struct FenceOnDrop(Guard);
+/// Fences the guard when its member's tasks end, and lets it join again.
+struct MembershipEnds(Guard);
 
-impl Drop for FenceOnDrop {
+impl Drop for MembershipEnds {
     fn drop(&mut self) {
         self.0.set_fenced(true);
+        self.0.release_from_fleet();
     }
 }
 
@@ -890,6 +898,7 @@ impl Drop for UnfinishedJoin {
             return;
         }
         let member = &self.member;
+        member.inner.guard.release_from_fleet();
         {
             let mut state = member.state();
             // A renewal's reply still on its way says nothing of a lease now.

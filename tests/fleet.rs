@@ -390,6 +390,52 @@ async fn after_redis_lost_its_data_no_member_publishes_its_old_position() {
     );
 }
 
+/// After Redis lost its data, the keys acknowledged before are only in the
+/// members that lived through it. A member joining after must get them:
+/// from a snapshot one of those members publishes, or it stays fenced. The
+/// survivor's request for a snapshot used to be dropped when its first
+/// renewal on the new Redis had it catch up (fenced) with entries appended
+/// since, and never made again; a member joining without a source then
+/// started at the new stream's start and answered Absent for every key
+/// from before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_joining_after_redis_lost_its_data_holds_the_keys_from_before() {
+    let server = RedisServer::start();
+    let a = join(guard("a"), server.client(), "amnesia").await;
+    let before: Vec<String> = (0..20).map(|n| format!("before:{n}")).collect();
+    for key in &before {
+        a.fleet.insert_then_write(key, async {}).await.unwrap();
+    }
+    caught_up(&a).await;
+    // Redis loses its data, and a writer appends to the new stream before
+    // `a` renews: `a` catches up with it, fenced, when it learns of the loss.
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::pipe()
+        .atomic()
+        .cmd("FLUSHALL")
+        .ignore()
+        .cmd("XADD")
+        .arg("{amnesia}:inserts")
+        .arg("*")
+        .arg("k")
+        .arg("after")
+        .arg("m")
+        .arg("elsewhere")
+        .ignore()
+        .query(&mut connection)
+        .unwrap();
+    let c = join(guard("c"), server.client(), "amnesia").await;
+    caught_up(&c).await;
+    for key in &before {
+        assert_ne!(
+            c.guard().check(key),
+            Verdict::Absent,
+            "{key}, acknowledged before the loss, is absent on a member that joined after"
+        );
+    }
+    caught_up(&a).await;
+}
+
 /// A snapshot whose position was read before Redis lost its data must not
 /// be published into the Redis that lost it: its position is in a stream
 /// that is gone, and a joiner adopting it would skip the new stream's

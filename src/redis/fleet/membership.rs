@@ -46,10 +46,12 @@ use crate::error::FleetError;
 /// (`ARGV[3]`), or `0-0` when the member read it under another fleet record
 /// than the one in Redis now (`ARGV[4]`, its `since`): a Redis that lost its
 /// data has a new stream, which the old position says nothing of.
-/// Returns `{continuous, last, members, since}`: whether the lease it held
-/// was still live in Redis, the stream's last entry id, how many members
-/// hold live leases now, and when the fleet's record began (which changes
-/// when Redis lost the fleet's data). Drops lapsed members on the way.
+/// A member from before such a loss marks `KEYS[5]`: a snapshot is needed.
+/// Returns `{continuous, last, members, since, needed}`: whether the lease
+/// it held was still live in Redis, the stream's last entry id, how many
+/// members hold live leases now, when the fleet's record began (which
+/// changes when Redis lost the fleet's data), and whether that mark is set.
+/// Drops lapsed members on the way.
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -66,12 +68,16 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 local applied = ARGV[3]
-if tonumber(ARGV[4]) ~= since then applied = '0-0' end
+if tonumber(ARGV[4]) ~= since then
+  applied = '0-0'
+  -- A member from before: the keys acknowledged then are in its set only.
+  if tonumber(ARGV[4]) ~= 0 then redis.call('SET', KEYS[5], 1) end
+end
 redis.call('HSET', KEYS[2], ARGV[1], applied)
 local last = '0-0'
 local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
 if newest[1] then last = newest[1][1] end
-return {continuous, last, redis.call('ZCARD', KEYS[1]), since}
+return {continuous, last, redis.call('ZCARD', KEYS[1]), since, redis.call('EXISTS', KEYS[5])}
 ",
     )
 });
@@ -145,6 +151,9 @@ pub(super) struct Renewal {
     pub(super) continuous: bool,
     pub(super) last: StreamPosition,
     pub(super) members: u64,
+    /// `{name}:snapshot:needed` is set: the keys acknowledged before Redis
+    /// lost its data are in no snapshot yet.
+    pub(super) snapshot_needed: bool,
 }
 
 impl FleetSync {
@@ -157,11 +166,12 @@ impl FleetSync {
         };
         let sent_at = Instant::now();
         let mut connection = self.inner.connection.get().await?;
-        let reply: Result<(u8, StreamPosition, u64, u64), _> = RENEW
+        let reply: Result<(u8, StreamPosition, u64, u64, u8), _> = RENEW
             .key(&keys.leases)
             .key(&keys.applied)
             .key(&keys.since)
             .key(&keys.stream)
+            .key(&keys.snapshot_needed)
             .arg(&self.inner.member)
             .arg(self.inner.settings.lease.as_millis() as u64)
             .arg(position)
@@ -176,9 +186,10 @@ impl FleetSync {
             Ok(reply) => self.replicated(&mut connection).await.map(|()| reply),
             Err(error) => Err(error.into()),
         };
-        let (continuous, last, members, fleet_since) = replicated.inspect_err(|_| {
-            self.state().lease_in_doubt = true;
-        })?;
+        let (continuous, last, members, fleet_since, snapshot_needed) =
+            replicated.inspect_err(|_| {
+                self.state().lease_in_doubt = true;
+            })?;
         Ok(Renewal {
             sent_at,
             epoch,
@@ -186,6 +197,7 @@ impl FleetSync {
             continuous: continuous == 1,
             last,
             members,
+            snapshot_needed: snapshot_needed == 1,
         })
     }
 

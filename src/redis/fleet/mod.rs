@@ -43,6 +43,17 @@
 //!   that took longer than half the settle appends its key once more when it
 //!   has landed, and waits for that to be acknowledged too, so a rebuild that
 //!   started meanwhile gets the key from the stream.
+//! - **Redis losing its data** (a restart without persistence). The fleet's
+//!   record begins anew (`{name}:since`), and with it the stream. The keys
+//!   acknowledged before are then in the sets of the members that lived
+//!   through it, and nowhere else: the first renewal of each marks a
+//!   snapshot as needed (`{name}:snapshot:needed`), and they are asked at
+//!   every renewal until one of them has published. Until then a member
+//!   that started at the new stream's start holds none of those keys: it
+//!   recovers (fenced) from that snapshot, or from a rebuild of its own
+//!   source. A member from before that does not renew within the new
+//!   record's first lease (stalled) is not known to the ones that join
+//!   meanwhile.
 //! - **One configuration per fleet.** The first member records the settings
 //!   that must agree (seed, size, rate, lifecycle, write settle, lease) under
 //!   `{name}:settings`; a member configured otherwise refuses to join with
@@ -61,7 +72,9 @@
 //!   them falls behind the trimmed stream at once, none can publish one and
 //!   all stay fenced (answering `MaybePresent`) until one is restarted with
 //!   a snapshot to load. [`snapshot_every`](FleetSyncBuilder::snapshot_every)
-//!   keeps one at hand.
+//!   keeps one at hand. The same holds after Redis lost its data once no
+//!   member from before is left: deleting `{name}:snapshot:needed` accepts
+//!   that the keys from before are lost.
 //!
 //! **Clocks.** Durations are measured on each machine's monotonic clock and on
 //! Redis's; no wall clock is compared. The leases assume that these clocks
@@ -210,6 +223,9 @@ struct Keys {
     manifest: String,
     snapshot_version: String,
     snapshot_lock: String,
+    /// Set while the keys acknowledged before Redis lost its data are in
+    /// no snapshot (see `snapshot`).
+    snapshot_needed: String,
     rebuild_lock: String,
     notices: String,
 }
@@ -227,6 +243,7 @@ impl Keys {
             manifest: key("snapshot"),
             snapshot_version: key("snapshot:version"),
             snapshot_lock: key("snapshot:lock"),
+            snapshot_needed: key("snapshot:needed"),
             rebuild_lock: key("rebuild:lock"),
             notices: key("notices"),
         }
@@ -273,6 +290,15 @@ struct MemberState {
     lease_in_doubt: bool,
     /// When the fleet's record in Redis began, as of the last renewal.
     fleet_since: Option<u64>,
+    /// The record (its `fleet_since`) from whose stream's start this
+    /// member's set holds keys, when it holds none from before it: it
+    /// started there without a snapshot, or adopted one of a member that
+    /// did. `None`: it holds those from before too (it lived through the
+    /// record's change, or adopted a snapshot or a rebuild that did).
+    fresh_in: Option<u64>,
+    /// Whether the last renewal found the keys from before a data loss
+    /// wanted in a snapshot (`{name}:snapshot:needed`).
+    snapshot_needed: bool,
     /// Times a renewal found the record new and sent this member back to
     /// the start of the new stream: a read begun before one is not applied
     /// as a position, even where the position looks unchanged.
@@ -642,7 +668,12 @@ impl FleetSync {
                 self.state().recovering = true;
                 StreamPosition::START
             }
-            None => StreamPosition::START,
+            None => {
+                // Nothing from before this record: if Redis lost its data,
+                // the renewal below says so, and this member recovers.
+                self.state().fresh_in = Some(fleet_since);
+                StreamPosition::START
+            }
         };
         self.state().position = start;
         let renewal = self.renew().await?;
@@ -696,7 +727,7 @@ impl FleetSync {
 
     /// Takes in what a renewal found.
     fn renewed(&self, renewal: Renewal) {
-        let lost_data = {
+        let publish = {
             let mut state = self.state();
             if renewal.epoch != state.lease_epoch {
                 // Sent before this member gave its lease up.
@@ -732,11 +763,24 @@ impl FleetSync {
                 // Redis's data: only a snapshot or a rebuild has them.
                 state.recovering = true;
             }
-            lost_data
+            state.snapshot_needed = renewal.snapshot_needed;
+            let lacks_what_is_needed =
+                renewal.snapshot_needed && state.fresh_in == Some(renewal.fleet_since);
+            if lacks_what_is_needed {
+                // Started at the new stream's start: the keys from before
+                // the loss are in other members' sets only.
+                state.recovering = true;
+            }
+            let publish = lost_data || (renewal.snapshot_needed && !lacks_what_is_needed);
+            if lost_data {
+                tracing::warn!("the fleet's record in Redis is new: Redis lost its data");
+            }
+            publish
         };
-        if lost_data {
-            tracing::warn!("the fleet's record in Redis is new: Redis lost its data");
-            // Members that were caught up hold what the others lack now.
+        if publish {
+            // Members that lived through the loss hold what the others lack:
+            // asked again at every renewal until one of them has published
+            // (one fenced while catching up cannot yet).
             self.inner.snapshot_requested.notify_one();
         }
         self.inner.lease_changed.notify_one();
@@ -936,7 +980,36 @@ mod tests {
             continuous,
             last: "200-0".parse().unwrap(),
             members: 2,
+            snapshot_needed: false,
         }
+    }
+
+    /// A member that started at the new stream's start holds none of the
+    /// keys from before Redis lost its data: once a member from before
+    /// marks them needed, it recovers (fenced) until a snapshot has them.
+    /// One from before stays up and is asked to publish.
+    #[test]
+    fn a_member_fresh_in_the_record_recovers_while_a_snapshot_is_needed() {
+        let fresh = member();
+        fresh.state().fresh_in = Some(1);
+        fresh.renewed(renewal(&fresh, true, 1));
+        assert!(!fresh.guard().is_fenced(), "nothing needed yet");
+        fresh.renewed(Renewal {
+            snapshot_needed: true,
+            ..renewal(&fresh, true, 1)
+        });
+        assert!(fresh.state().recovering);
+        assert!(fresh.guard().is_fenced());
+
+        let from_before = member();
+        from_before.state().fresh_in = Some(0); // started in an older record
+        from_before.renewed(renewal(&from_before, true, 1));
+        from_before.renewed(Renewal {
+            snapshot_needed: true,
+            ..renewal(&from_before, true, 1)
+        });
+        assert!(!from_before.state().recovering);
+        assert!(!from_before.guard().is_fenced());
     }
 
     #[test]
@@ -1001,7 +1074,7 @@ mod tests {
         let position = "150-0".parse().unwrap();
         assert!(
             !member
-                .adopt_snapshot(read_under, position, snapshot(), false)
+                .adopt_snapshot(read_under, position, None, snapshot(), false)
                 .unwrap()
         );
         assert_eq!(member.state().position, StreamPosition::START);
@@ -1010,7 +1083,7 @@ mod tests {
         let read_under = member.state().fleet_since;
         assert!(
             member
-                .adopt_snapshot(read_under, position, snapshot(), false)
+                .adopt_snapshot(read_under, position, None, snapshot(), false)
                 .unwrap()
         );
         assert_eq!(member.state().position, position);

@@ -3,12 +3,20 @@
 //!
 //! The encoded set goes into chunks of at most `snapshot_chunk_bytes` under
 //! a new version number (`{name}:snapshot:{version}:{i}`); then the manifest
-//! `{name}:snapshot` ("position version chunks") is switched to it in one
-//! `SET` (refused when the fleet's record in Redis is no longer the one the
-//! position was read under), so a reader sees the old snapshot or the new
-//! one, never a mix; then
+//! `{name}:snapshot` ("position version chunks fresh") is switched to it in
+//! one `SET` (refused when the fleet's record in Redis is no longer the one
+//! the position was read under), so a reader sees the old snapshot or the
+//! new one, never a mix; then
 //! the old version's chunks are deleted and the stream is trimmed to the old
 //! snapshot's position (whoever is still loading it can replay from there).
+//!
+//! After Redis lost its data, the keys acknowledged before are in the sets
+//! of the members that lived through it, and nowhere else in the fleet:
+//! their renewals mark `{name}:snapshot:needed`, and it stays marked until
+//! one of them (or a member holding one of their snapshots, or a rebuild
+//! from the store) publishes. A member whose set starts at the new stream's
+//! start (`fresh`: it joined after the loss without such a snapshot) cannot
+//! publish meanwhile, and recovers when its renewal sees the mark.
 
 use std::sync::LazyLock;
 
@@ -28,6 +36,9 @@ struct Manifest {
     position: StreamPosition,
     version: u64,
     chunks: usize,
+    /// Its publisher's set holds keys from the start of the fleet's record
+    /// in Redis only (see [`MemberState::fresh_in`](super::MemberState)).
+    fresh: bool,
 }
 
 impl Manifest {
@@ -37,6 +48,11 @@ impl Manifest {
             position: fields.next()?.parse().ok()?,
             version: fields.next()?.parse().ok()?,
             chunks: fields.next()?.parse().ok()?,
+            fresh: match fields.next()? {
+                "0" => false,
+                "1" => true,
+                _ => return None,
+            },
         };
         fields.next().is_none().then_some(manifest)
     }
@@ -56,7 +72,7 @@ enum Read {
     None,
     /// Its chunks were deleted while we read them.
     Replaced,
-    Snapshot(StreamPosition, u64, LiveSnapshot),
+    Snapshot(Manifest, LiveSnapshot),
 }
 
 /// The code of [`SET_MANIFEST`]'s refusal.
@@ -73,6 +89,12 @@ static SET_MANIFEST: LazyLock<Script> = LazyLock::new(|| {
         r"
 if tonumber(redis.call('GET', KEYS[2])) ~= tonumber(ARGV[2]) then
   return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED the fleet record changed since the snapshot was taken')
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  if ARGV[3] == '1' then
+    return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED this member holds no keys from before Redis lost its data')
+  end
+  redis.call('DEL', KEYS[3])
 end
 return redis.call('SET', KEYS[1], ARGV[1], 'GET')
 ",
@@ -103,16 +125,19 @@ impl FleetSync {
                 state.replacements,
                 state.stream_resets,
                 state.fleet_since,
+                state.fresh_in.is_some() && state.fresh_in == state.fleet_since,
             ))
         };
         // The position first: the set holds at least every entry up to it.
-        let (position, replacements, resets, fleet_since) = taken().ok_or(FleetError::Fenced)?;
+        let (position, replacements, resets, fleet_since, fresh) =
+            taken().ok_or(FleetError::Fenced)?;
         let encoded = self
             .inner
             .guard
             .encode_live_set()
             .ok_or(FleetError::Warming)?;
-        if taken().is_none_or(|(_, now, resets_now, _)| now != replacements || resets_now != resets)
+        if taken()
+            .is_none_or(|(_, now, resets_now, _, _)| now != replacements || resets_now != resets)
         {
             // Replaced from another snapshot meanwhile, or sent back to a new
             // stream's start: what we encoded may not hold what `position`
@@ -137,8 +162,10 @@ impl FleetSync {
         let previous: Option<String> = match SET_MANIFEST
             .key(&keys.manifest)
             .key(&keys.since)
-            .arg(format!("{position} {version} {count}"))
+            .key(&keys.snapshot_needed)
+            .arg(format!("{position} {version} {count} {}", u8::from(fresh)))
             .arg(fleet_since.unwrap_or(0))
+            .arg(u8::from(fresh))
             .invoke_async(&mut connection)
             .await
         {
@@ -201,12 +228,15 @@ impl FleetSync {
             match self.read_snapshot().await? {
                 Read::None => return Ok(None),
                 Read::Replaced => continue,
-                Read::Snapshot(position, version, set) => {
+                Read::Snapshot(manifest, set) => {
+                    let position = manifest.position;
                     if self.trimmed_to().await? > position {
                         return Ok(None);
                     }
+                    let fresh_in = manifest.fresh.then_some(read_under).flatten();
+                    let rebuilt = rebuilt == Some(manifest.version);
                     let adopted =
-                        self.adopt_snapshot(read_under, position, set, rebuilt == Some(version))?;
+                        self.adopt_snapshot(read_under, position, fresh_in, set, rebuilt)?;
                     if adopted {
                         return Ok(Some(position));
                     }
@@ -220,6 +250,8 @@ impl FleetSync {
 
     /// Replaces the live set with `set`, read while the fleet's record in
     /// Redis was `read_under`, and moves this member to its `position`.
+    /// `fresh_in`: the record whose start the set holds keys from, if it
+    /// holds none from before (its publisher's).
     /// `false`, nothing changed, when a renewal has found another record
     /// since: Redis lost its data, and the position is in a stream that is
     /// gone (the new one's ids may sort below it).
@@ -227,6 +259,7 @@ impl FleetSync {
         &self,
         read_under: Option<u64>,
         position: StreamPosition,
+        fresh_in: Option<u64>,
         set: LiveSnapshot,
         rebuilt: bool,
     ) -> Result<bool, FleetError> {
@@ -240,6 +273,7 @@ impl FleetSync {
             .map_err(FleetError::Incompatible)?;
         state.fenced = true;
         state.replacements += 1;
+        state.fresh_in = fresh_in;
         // Replay from the snapshot, and do not answer before reaching where
         // this member had got to.
         let reached = state.position;
@@ -264,6 +298,11 @@ impl FleetSync {
             .ok()
             .and_then(Manifest::parse)
             .ok_or(FleetError::BadManifest)?;
+        if manifest.fresh && self.state().snapshot_needed {
+            // Published from the new stream's start before the loss was
+            // known: it lacks the keys from before, which are what is wanted.
+            return Ok(Read::None);
+        }
         let mut encoded = Vec::new();
         for i in 0..manifest.chunks {
             let chunk: Option<Vec<u8>> = redis::cmd("GET")
@@ -276,7 +315,7 @@ impl FleetSync {
             }
         }
         let set = LiveSnapshot::from_bytes(&encoded).map_err(FleetError::Decode)?;
-        Ok(Read::Snapshot(manifest.position, manifest.version, set))
+        Ok(Read::Snapshot(manifest, set))
     }
 
     /// Publishes a snapshot every `snapshot_every`, and when a member asks

@@ -451,7 +451,11 @@ impl FleetSync {
             std::mem::replace(&mut state.position, moved_to)
         };
         match self.inner.guard.rebuild().await {
-            Ok(_) => true,
+            Ok(_) => {
+                // From the store: it holds what was written before any loss.
+                self.state().fresh_in = None;
+                true
+            }
             Err(RebuildError::NoSource) => {
                 self.state().position = position_before;
                 false

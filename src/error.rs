@@ -316,7 +316,7 @@ pub enum FleetError {
     /// This member cannot show that it holds every acknowledged insert (it
     /// is fenced), so a snapshot of it could lose keys: not published.
     Fenced,
-    /// The snapshot's manifest is not `position version chunks fresh`.
+    /// The snapshot's manifest is not `position version chunks fresh since`.
     BadManifest,
     /// Other members replaced the snapshot during each of `attempts` reads.
     KeptChanging {
@@ -370,7 +370,7 @@ impl fmt::Display for FleetError {
                 "this member is fenced (behind the fleet's acknowledged inserts): not publishing",
             ),
             Self::BadManifest => f.write_str(
-                "fleet snapshot refused: its manifest is not \"position version chunks fresh\"",
+                "fleet snapshot refused: its manifest is not \"position version chunks fresh since\"",
             ),
             Self::KeptChanging { attempts } => write!(
                 f,

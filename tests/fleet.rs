@@ -436,6 +436,48 @@ async fn a_member_joining_after_redis_lost_its_data_holds_the_keys_from_before()
     caught_up(&a).await;
 }
 
+/// A Redis that restarts from an older dump (its last `SAVE`, after a
+/// crash) keeps the fleet's record, `{name}:since`, but not the entries
+/// appended after the dump: a member joining then replayed the shorter
+/// stream from its start and answered Absent for keys acknowledged after
+/// the dump, or adopted the dumped snapshot and replayed the same. Redis's
+/// run id changes with the restart; the record begins anew with it, and
+/// snapshots from before it are not taken for what it lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_joining_after_redis_restarted_from_an_older_dump_holds_every_key() {
+    let dir = std::env::temp_dir().join(format!("bloomguard-dump-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_arg = ["--dir", dir.to_str().unwrap()];
+    let mut server = RedisServer::start_with(&dir_arg);
+    let port = server.port;
+    let a = join(guard("a"), server.client(), "dump").await;
+    let b = join(guard("b"), server.client(), "dump").await;
+    a.fleet.insert_then_write("dumped", async {}).await.unwrap();
+    // The dump holds a snapshot too, whose stream will lack what follows.
+    a.fleet.publish_snapshot().await.unwrap();
+    let () = redis::cmd("SAVE")
+        .query(&mut server.client().get_connection().unwrap())
+        .unwrap();
+    let after_dump: Vec<String> = (0..20).map(|n| format!("after-dump:{n}")).collect();
+    for key in &after_dump {
+        a.fleet.insert_then_write(key, async {}).await.unwrap();
+    }
+    caught_up(&b).await;
+    server.kill();
+    let server = RedisServer::start_on_with(port, &dir_arg);
+    let c = join(guard("c"), server.client(), "dump").await;
+    caught_up(&c).await;
+    for key in after_dump.iter().chain(["dumped".to_owned()].iter()) {
+        assert_ne!(
+            c.guard().check(key),
+            Verdict::Absent,
+            "{key}, acknowledged before the restart, is absent on a member that joined after"
+        );
+    }
+    drop((a, b, c, server));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A snapshot whose position was read before Redis lost its data must not
 /// be published into the Redis that lost it: its position is in a stream
 /// that is gone, and a joiner adopting it would skip the new stream's

@@ -31,6 +31,12 @@ impl RedisServer {
         Self::spawn(port, &[])
     }
 
+    /// [`start_on`](Self::start_on), with more `redis-server` arguments (the
+    /// `--dir` of a dump to load).
+    pub(crate) fn start_on_with(port: u16, extra_args: &[&str]) -> Self {
+        Self::spawn(port, extra_args)
+    }
+
     fn spawn(port: u16, extra_args: &[&str]) -> Self {
         let spawned = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])

@@ -42,23 +42,44 @@ use tokio::time::Instant;
 use super::{FleetSync, StreamPosition};
 use crate::error::FleetError;
 
+/// The Lua function every script that reads the fleet's record begins
+/// with: `record_since(since_key, run_key)` is when the record began, begun
+/// anew (now) when `since_key` is missing (Redis lost its data) or Redis's
+/// run id is not the one the record began under (a restart, which may have
+/// loaded an older dump, or a failover to a replica that may lack writes).
+pub(super) const RECORD_SINCE: &str = r"
+local function record_since(since_key, run_key)
+  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+  local since = tonumber(redis.call('GET', since_key))
+  if not since or redis.call('GET', run_key) ~= run then
+    local t = redis.call('TIME')
+    since = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('SET', since_key, since)
+    redis.call('SET', run_key, run)
+  end
+  return since
+end
+";
+
 /// Renews (or takes) this member's lease and publishes its position
 /// (`ARGV[3]`), or `0-0` when the member read it under another fleet record
 /// than the one in Redis now (`ARGV[4]`, its `since`): a Redis that lost its
 /// data has a new stream, which the old position says nothing of.
 /// A member from before such a loss marks `KEYS[5]`: a snapshot is needed.
-/// Returns `{continuous, last, members, since, needed}`: whether the lease
-/// it held was still live in Redis, the stream's last entry id, how many
-/// members hold live leases now, when the fleet's record began (which
-/// changes when Redis lost the fleet's data), and whether that mark is set.
-/// Drops lapsed members on the way.
+/// Returns `{continuous, last, members, since, needed, first}`: whether
+/// the lease it held was still live in Redis, the stream's last entry id,
+/// how many members hold live leases now, when the fleet's record began
+/// (which changes when Redis lost the fleet's data or restarted), whether
+/// that mark is set, and the stream's first entry id. Drops lapsed members
+/// on the way.
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"
+        &[
+            RECORD_SINCE,
+            r"
+local since = record_since(KEYS[3], KEYS[6])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.call('EXISTS', KEYS[3]) == 0 then redis.call('SET', KEYS[3], now) end
-local since = tonumber(redis.call('GET', KEYS[3]))
 local previous = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local continuous = 0
 if previous and tonumber(previous) > now then continuous = 1 end
@@ -74,11 +95,15 @@ if tonumber(ARGV[4]) ~= since then
   if tonumber(ARGV[4]) ~= 0 then redis.call('SET', KEYS[5], 1) end
 end
 redis.call('HSET', KEYS[2], ARGV[1], applied)
-local last = '0-0'
+local last, first = '0-0', '0-0'
 local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
 if newest[1] then last = newest[1][1] end
-return {continuous, last, redis.call('ZCARD', KEYS[1]), since, redis.call('EXISTS', KEYS[5])}
+local oldest = redis.call('XRANGE', KEYS[4], '-', '+', 'COUNT', 1)
+if oldest[1] then first = oldest[1][1] end
+return {continuous, last, redis.call('ZCARD', KEYS[1]), since, redis.call('EXISTS', KEYS[5]), first}
 ",
+        ]
+        .concat(),
     )
 });
 
@@ -88,14 +113,12 @@ return {continuous, last, redis.call('ZCARD', KEYS[1]), since, redis.call('EXIST
 /// the last of their leases, or that grace, runs out.
 static ACKNOWLEDGED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"
+        &[
+            RECORD_SINCE,
+            r"
+local since = record_since(KEYS[3], KEYS[4])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local since = tonumber(redis.call('GET', KEYS[3]))
-if not since then
-  redis.call('SET', KEYS[3], now)
-  since = now
-end
 local lease = tonumber(ARGV[3])
 local behind, wait = 0, 0
 if now < since + lease then
@@ -118,6 +141,8 @@ for i = 1, #members, 2 do
 end
 return {behind, wait}
 ",
+        ]
+        .concat(),
     )
 });
 
@@ -126,13 +151,16 @@ return {behind, wait}
 /// when there is none.
 static GRACE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"
+        &[
+            RECORD_SINCE,
+            r"
+local since = record_since(KEYS[1], KEYS[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SET', KEYS[1], now) end
-local since = tonumber(redis.call('GET', KEYS[1]))
 return {math.max(0, since + tonumber(ARGV[1]) - now), since}
 ",
+        ]
+        .concat(),
     )
 });
 
@@ -154,6 +182,17 @@ pub(super) struct Renewal {
     /// `{name}:snapshot:needed` is set: the keys acknowledged before Redis
     /// lost its data are in no snapshot yet.
     pub(super) snapshot_needed: bool,
+    /// The stream's first entry.
+    pub(super) first: StreamPosition,
+}
+
+impl Renewal {
+    /// Whether the stream holds entries from before the record began: the
+    /// record began anew with Redis's data kept (a restart from a dump, a
+    /// failover), not lost.
+    pub(super) fn stream_predates_the_record(&self) -> bool {
+        self.first > StreamPosition::START && self.first.millis() < self.fleet_since
+    }
 }
 
 impl FleetSync {
@@ -166,12 +205,13 @@ impl FleetSync {
         };
         let sent_at = Instant::now();
         let mut connection = self.inner.connection.get().await?;
-        let reply: Result<(u8, StreamPosition, u64, u64, u8), _> = RENEW
+        let reply: Result<(u8, StreamPosition, u64, u64, u8, StreamPosition), _> = RENEW
             .key(&keys.leases)
             .key(&keys.applied)
             .key(&keys.since)
             .key(&keys.stream)
             .key(&keys.snapshot_needed)
+            .key(&keys.run_id)
             .arg(&self.inner.member)
             .arg(self.inner.settings.lease.as_millis() as u64)
             .arg(position)
@@ -186,8 +226,8 @@ impl FleetSync {
             Ok(reply) => self.replicated(&mut connection).await.map(|()| reply),
             Err(error) => Err(error.into()),
         };
-        let (continuous, last, members, fleet_since, snapshot_needed) =
-            replicated.inspect_err(|_| {
+        let (continuous, last, members, fleet_since, snapshot_needed, first) = replicated
+            .inspect_err(|_| {
                 self.state().lease_in_doubt = true;
             })?;
         Ok(Renewal {
@@ -198,6 +238,7 @@ impl FleetSync {
             last,
             members,
             snapshot_needed: snapshot_needed == 1,
+            first,
         })
     }
 
@@ -206,6 +247,7 @@ impl FleetSync {
         let mut connection = self.inner.connection.get().await?;
         let (grace_ms, fleet_since): (u64, u64) = GRACE
             .key(&self.inner.keys.since)
+            .key(&self.inner.keys.run_id)
             .arg(self.inner.settings.lease.as_millis() as u64)
             .invoke_async(&mut connection)
             .await?;
@@ -251,6 +293,7 @@ impl FleetSync {
                 .key(&keys.leases)
                 .key(&keys.applied)
                 .key(&keys.since)
+                .key(&keys.run_id)
                 .arg(entry.millis())
                 .arg(entry.sequence())
                 .arg(self.inner.settings.lease.as_millis() as u64)

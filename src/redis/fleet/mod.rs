@@ -43,8 +43,12 @@
 //!   that took longer than half the settle appends its key once more when it
 //!   has landed, and waits for that to be acknowledged too, so a rebuild that
 //!   started meanwhile gets the key from the stream.
-//! - **Redis losing its data** (a restart without persistence). The fleet's
-//!   record begins anew (`{name}:since`), and with it the stream. The keys
+//! - **Redis losing its data** (a restart without persistence), **or some
+//!   of it** (a restart from an older dump, a failover to a replica). The
+//!   fleet's record (`{name}:since`) begins anew when it is gone or when
+//!   Redis's run id is not the one it began under: writers wait out its
+//!   first lease again, and members replay the stream from its start. The
+//!   keys
 //!   acknowledged before are then in the sets of the members that lived
 //!   through it, and nowhere else: the first renewal of each marks a
 //!   snapshot as needed (`{name}:snapshot:needed`), and they are asked at
@@ -53,7 +57,9 @@
 //!   recovers (fenced) from that snapshot, or from a rebuild of its own
 //!   source. A member from before that does not renew within the new
 //!   record's first lease (stalled) is not known to the ones that join
-//!   meanwhile.
+//!   meanwhile; one whose lease had lapsed when Redis restarted from an
+//!   older dump replays the kept stream, which lacks what was appended
+//!   after the dump and acknowledged without it.
 //! - **One configuration per fleet.** The first member records the settings
 //!   that must agree (seed, size, rate, lifecycle, write settle, lease) under
 //!   `{name}:settings`; a member configured otherwise refuses to join with
@@ -66,8 +72,8 @@
 //! - A Redis failover to an asynchronous replica can lose acknowledged
 //!   entries without the members noticing, unless appends and renewals wait
 //!   for replicas ([`wait_for_replicas`](FleetSyncBuilder::wait_for_replicas)).
-//!   A restart that loses the data is noticed (the fleet's record begins
-//!   anew) and handled either way.
+//!   A restart or a failover is noticed (Redis's run id changes, and the
+//!   fleet's record begins anew) and handled either way.
 //! - Members without a source recover only from snapshots: if every one of
 //!   them falls behind the trimmed stream at once, none can publish one and
 //!   all stay fenced (answering `MaybePresent`) until one is restarted with
@@ -219,6 +225,8 @@ struct Keys {
     leases: String,
     applied: String,
     since: String,
+    /// The Redis run id the record in `since` began under.
+    run_id: String,
     settings: String,
     manifest: String,
     snapshot_version: String,
@@ -239,6 +247,7 @@ impl Keys {
             leases: key("leases"),
             applied: key("applied"),
             since: key("since"),
+            run_id: key("since:run_id"),
             settings: key("settings"),
             manifest: key("snapshot"),
             snapshot_version: key("snapshot:version"),
@@ -758,9 +767,11 @@ impl FleetSync {
                 let target = state.catch_up_to.unwrap_or_default().max(renewal.last);
                 state.catch_up_to = Some(target);
             }
-            if lost_data && state.fenced {
+            if lost_data && state.fenced && !renewal.stream_predates_the_record() {
                 // Entries acknowledged without this member may be gone with
-                // Redis's data: only a snapshot or a rebuild has them.
+                // Redis's data: only a snapshot or a rebuild has them. (Where
+                // the stream was kept, a restart or a failover, it replays
+                // the stream from its start.)
                 state.recovering = true;
             }
             state.snapshot_needed = renewal.snapshot_needed;
@@ -981,6 +992,30 @@ mod tests {
             last: "200-0".parse().unwrap(),
             members: 2,
             snapshot_needed: false,
+            first: StreamPosition::START,
+        }
+    }
+
+    /// A record that began anew over a kept stream (a restart from a dump,
+    /// a failover) sends a member that was fenced back to replay the stream
+    /// from its start. Only a lost stream makes it recover: that needs a
+    /// snapshot, which through a failover that fenced every member none
+    /// could publish.
+    #[test]
+    fn a_fenced_member_replays_a_stream_kept_across_a_new_record() {
+        for (first, recovers) in [("50-0", false), ("0-0", true), ("3000-0", true)] {
+            let member = member();
+            member.renewed(renewal(&member, true, 1));
+            member.state().fence_at = Some(Instant::now()); // its lease ran out
+            member.refresh_fence();
+            assert!(member.guard().is_fenced());
+            member.renewed(Renewal {
+                first: first.parse().unwrap(),
+                ..renewal(&member, false, 2_000)
+            });
+            assert_eq!(member.state().recovering, recovers, "first entry {first}");
+            assert_eq!(member.state().position, StreamPosition::START);
+            assert!(member.guard().is_fenced());
         }
     }
 

@@ -3,7 +3,7 @@
 //!
 //! The encoded set goes into chunks of at most `snapshot_chunk_bytes` under
 //! a new version number (`{name}:snapshot:{version}:{i}`); then the manifest
-//! `{name}:snapshot` ("position version chunks fresh") is switched to it in
+//! `{name}:snapshot` ("position version chunks fresh since") is switched to it in
 //! one `SET` (refused when the fleet's record in Redis is no longer the one
 //! the position was read under), so a reader sees the old snapshot or the
 //! new one, never a mix; then
@@ -16,13 +16,17 @@
 //! one of them (or a member holding one of their snapshots, or a rebuild
 //! from the store) publishes. A member whose set starts at the new stream's
 //! start (`fresh`: it joined after the loss without such a snapshot) cannot
-//! publish meanwhile, and recovers when its renewal sees the mark.
+//! publish meanwhile, and recovers when its renewal sees the mark. So does
+//! one that loaded a snapshot published under the record before (`since`):
+//! after a restart from an older dump, the stream after it lacks what was
+//! appended after the dump.
 
 use std::sync::LazyLock;
 
 use redis::Script;
 use tracing::Instrument;
 
+use super::membership::RECORD_SINCE;
 use super::{FleetSync, StreamPosition};
 use crate::error::FleetError;
 use crate::guard::snapshot::LiveSnapshot;
@@ -39,6 +43,8 @@ struct Manifest {
     /// Its publisher's set holds keys from the start of the fleet's record
     /// in Redis only (see [`MemberState::fresh_in`](super::MemberState)).
     fresh: bool,
+    /// The fleet's record it was published under.
+    since: u64,
 }
 
 impl Manifest {
@@ -53,8 +59,18 @@ impl Manifest {
                 "1" => true,
                 _ => return None,
             },
+            since: fields.next()?.parse().ok()?,
         };
         fields.next().is_none().then_some(manifest)
+    }
+
+    /// Whether the set holds the keys from before `record` began (where
+    /// Redis lost them): published under `record` by a member that held
+    /// them. One from an earlier record lacks what that record's end lost
+    /// (a restart from an older dump keeps the snapshot, not the entries
+    /// after it).
+    fn holds_what_preceded(&self, record: Option<u64>) -> bool {
+        !self.fresh && Some(self.since) == record
     }
 }
 
@@ -86,8 +102,10 @@ const MANIFEST_REFUSED: &str = "BLOOMGUARD_MANIFEST_REFUSED";
 /// skip the new stream's entries.
 static SET_MANIFEST: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"
-if tonumber(redis.call('GET', KEYS[2])) ~= tonumber(ARGV[2]) then
+        &[
+            RECORD_SINCE,
+            r"
+if record_since(KEYS[2], KEYS[4]) ~= tonumber(ARGV[2]) then
   return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED the fleet record changed since the snapshot was taken')
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
@@ -98,6 +116,8 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
 end
 return redis.call('SET', KEYS[1], ARGV[1], 'GET')
 ",
+        ]
+        .concat(),
     )
 });
 
@@ -163,7 +183,12 @@ impl FleetSync {
             .key(&keys.manifest)
             .key(&keys.since)
             .key(&keys.snapshot_needed)
-            .arg(format!("{position} {version} {count} {}", u8::from(fresh)))
+            .key(&keys.run_id)
+            .arg(format!(
+                "{position} {version} {count} {} {}",
+                u8::from(fresh),
+                fleet_since.unwrap_or(0)
+            ))
             .arg(fleet_since.unwrap_or(0))
             .arg(u8::from(fresh))
             .invoke_async(&mut connection)
@@ -233,7 +258,9 @@ impl FleetSync {
                     if self.trimmed_to().await? > position {
                         return Ok(None);
                     }
-                    let fresh_in = manifest.fresh.then_some(read_under).flatten();
+                    let fresh_in = (!manifest.holds_what_preceded(read_under))
+                        .then_some(read_under)
+                        .flatten();
                     let rebuilt = rebuilt == Some(manifest.version);
                     let adopted =
                         self.adopt_snapshot(read_under, position, fresh_in, set, rebuilt)?;
@@ -298,9 +325,12 @@ impl FleetSync {
             .ok()
             .and_then(Manifest::parse)
             .ok_or(FleetError::BadManifest)?;
-        if manifest.fresh && self.state().snapshot_needed {
-            // Published from the new stream's start before the loss was
-            // known: it lacks the keys from before, which are what is wanted.
+        let wanted = {
+            let state = self.state();
+            !state.snapshot_needed || manifest.holds_what_preceded(state.fleet_since)
+        };
+        if !wanted {
+            // The keys from before the record began are what is wanted.
             return Ok(Read::None);
         }
         let mut encoded = Vec::new();
@@ -352,5 +382,26 @@ impl FleetSync {
             self.take_lock(lock, self.inner.settings.lease).await,
             Ok(true)
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A set published under the record before, or from the start of this
+    /// one, cannot stand for the keys that preceded this record.
+    #[test]
+    fn only_a_covering_snapshot_of_this_record_holds_what_preceded_it() {
+        let parse = |text| Manifest::parse(text).unwrap();
+        let covering = parse("5-0 7 2 0 1000");
+        assert!(covering.holds_what_preceded(Some(1000)));
+        assert!(
+            !covering.holds_what_preceded(Some(2000)),
+            "published before the record began"
+        );
+        assert!(!parse("5-0 7 2 1 1000").holds_what_preceded(Some(1000)));
+        assert!(Manifest::parse("5-0 7 2").is_none());
+        assert!(Manifest::parse("5-0 7 2 2 1000").is_none());
     }
 }

@@ -10,6 +10,7 @@ use redis::{Script, Value};
 use tokio::time::Instant;
 
 use super::super::Live;
+use super::membership::RECORD_SINCE;
 use super::{FleetSync, StreamPosition};
 use crate::error::FleetError;
 use crate::guard::RebuildError;
@@ -126,12 +127,16 @@ enum Next {
 /// writers (`ARGV[4]`, the notices channel).
 static ANNOUNCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"
-if tonumber(redis.call('GET', KEYS[2])) == tonumber(ARGV[3]) then
+        &[
+            RECORD_SINCE,
+            r"
+if record_since(KEYS[2], KEYS[3]) == tonumber(ARGV[3]) then
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 end
 redis.call('PUBLISH', ARGV[4], 'applied')
 ",
+        ]
+        .concat(),
     )
 });
 
@@ -371,6 +376,7 @@ impl FleetSync {
             let () = ANNOUNCE
                 .key(&keys.applied)
                 .key(&keys.since)
+                .key(&keys.run_id)
                 .arg(&self.inner.member)
                 .arg(position)
                 .arg(fleet_since.unwrap_or(0))

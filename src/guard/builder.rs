@@ -137,7 +137,7 @@ impl GuardBuilder {
         self
     }
 
-    /// Samples `fraction` of the `Absent` answers and asks `exists` whether
+    /// Samples `fraction` (in (0, 1]) of the `Absent` answers and asks `exists` whether
     /// the store has the key anyway, off the request path, in the
     /// maintenance task. A key found there was written without
     /// [`Guard::insert`]: the filter is stale. The guard counts it
@@ -159,7 +159,9 @@ impl GuardBuilder {
     /// # Errors
     /// [`ConfigError`] naming the first option out of range: zero items, a
     /// rate outside (0, 1), a lifecycle or rebuild parameter out of range,
-    /// or a first filter over the memory budget.
+    /// a `maintenance_interval` of zero or over 100 years,
+    /// a staleness fraction outside (0, 1], or a first filter over the
+    /// memory budget.
     pub fn build(self) -> Result<Guard, ConfigError> {
         check_false_positive_rate(self.false_positive_rate)?;
         check_duration("maintenance_interval", self.maintenance_interval)?;

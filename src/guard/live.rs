@@ -1,7 +1,7 @@
 //! The filters a guard answers from, swapped as one value, and
 //! [`LiveState`]: the only place that swaps them.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
@@ -191,15 +191,19 @@ impl LiveState {
         &self,
         full: &Arc<Generation>,
         max_generations: usize,
-        open: impl FnOnce() -> Option<Generation>,
+        open: impl FnOnce(usize) -> Option<Generation>,
     ) {
         let _swap = lock(&self.swap_lock);
         let set = self.set.load();
         let still_newest = set.newest().is_some_and(|n| Arc::ptr_eq(n, full));
-        if !still_newest || set.generations.len() >= max_generations {
+        if !still_newest {
             return;
         }
-        if let Some(next) = open() {
+        if set.generations.len() >= max_generations {
+            full.grows_no_further.store(true, Ordering::Relaxed);
+            return;
+        }
+        if let Some(next) = open(set.generations.len()) {
             let mut generations = set.generations.clone();
             generations.push(Arc::new(next));
             self.publish(set.replaced(generations));
@@ -436,6 +440,10 @@ pub(crate) struct Generation {
     pub(crate) full_at_set_bits: u64,
     /// Inserts whose hash has these bits clear check whether the filter is full.
     pub(crate) fullness_check_mask: u64,
+    /// A growing guard opens no filter after this one (it opened its last,
+    /// or could not open the next): its inserts stop checking whether it is
+    /// full, which would take the swap lock each time.
+    pub(crate) grows_no_further: AtomicBool,
 }
 
 /// Inserts between two checks of the fill, at most: summing the stripes on
@@ -457,6 +465,7 @@ impl Generation {
             opened_at: Instant::now(),
             full_at_set_bits,
             fullness_check_mask: (1u64 << interval.ilog2()) - 1,
+            grows_no_further: AtomicBool::new(false),
         }
     }
 
@@ -578,7 +587,7 @@ mod tests {
         state.abandon_shadow(&shadow);
         assert_derived(&state, "the shadow abandoned");
         let newest = Arc::clone(state.load().newest().unwrap());
-        state.grow(&newest, 3, || Some(generation()));
+        state.grow(&newest, 3, |_| Some(generation()));
         assert_derived(&state, "grown to two generations");
         #[cfg(feature = "redis")]
         {

@@ -84,7 +84,8 @@ impl Guard {
     /// started (and back to the guard when it ends).
     ///
     /// # Panics
-    /// Outside a tokio runtime, as [`tokio::spawn`] does.
+    /// Outside a tokio runtime, as [`tokio::spawn`] does, or on one built
+    /// without its time driver (`enable_time`), which the task sleeps on.
     pub fn spawn_maintenance(&self) -> MaintenanceHandle {
         self.spawn_maintenance_inner(None)
     }
@@ -108,12 +109,15 @@ impl Guard {
     /// ```
     ///
     /// # Panics
-    /// Outside a tokio runtime, as [`tokio::spawn`] does.
+    /// As [`spawn_maintenance`](Self::spawn_maintenance).
     pub fn spawn_maintenance_until(&self, shutdown: &CancellationToken) -> MaintenanceHandle {
         self.spawn_maintenance_inner(Some(shutdown))
     }
 
     fn spawn_maintenance_inner(&self, shutdown: Option<&CancellationToken>) -> MaintenanceHandle {
+        // Here rather than at the task's first sleep, where the panic would
+        // only be logged, and the guard would stay warming for ever.
+        drop(tokio::time::sleep(Duration::ZERO));
         let verifier = self
             .inner
             .verifier

@@ -1,8 +1,9 @@
 //! [`Guard`]: the live filters in front of a store, kept correct and useful
 //! while the data under them changes.
 //!
-//! A guard answers [`check`](Guard::check) from filters it holds behind an
-//! `ArcSwap`: one load, then the probes, no lock. Around that it runs the
+//! A guard answers [`check`](Guard::check) from the filters it holds, read
+//! inside a read section (`sections`): no lock, no locked instruction, then
+//! the probes. Around that it runs the
 //! lifecycle of its [`Lifecycle`] and [`RebuildPolicy`] policies — rebuild from a
 //! [`KeySource`], rotation of time windows, growth — and measures itself
 //! ([`GuardStats`]).
@@ -54,7 +55,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::error::{ConfigError, IncompatibleFilters, StillWarming};
-use crate::filter::{AtomicBloom, FilterBuilder, hash_key};
+use crate::filter::{AtomicBloom, FilterBuilder, MIN_FALSE_POSITIVE_RATE, hash_key};
 use crate::stats::ThreadCounters;
 pub use builder::GuardBuilder;
 use insert_clock::InsertClock;
@@ -560,6 +561,7 @@ impl Guard {
                     .add(Counter::RedundantInserts as usize, 1);
             }
             if matches!(self.inner.lifecycle, Lifecycle::Grow { .. })
+                && !newest.grows_no_further.load(Ordering::Relaxed)
                 && newest.is_full_sampled(hash)
             {
                 self.grow(newest);
@@ -813,17 +815,33 @@ impl Guard {
         else {
             return;
         };
-        self.inner.live.grow(full, MAX_GROWN_FILTERS, || {
+        self.inner.live.grow(full, MAX_GROWN_FILTERS, |opened| {
             let capacity = (full.capacity as f64 * expansion).ceil() as u64;
-            self.new_generation(capacity, full.fp_rate * tightening)
+            // Clamped: the rates left in the series then add at most 1e-8
+            // a filter to the compound rate.
+            let rate = (full.fp_rate * tightening).max(MIN_FALSE_POSITIVE_RATE);
+            let next = self
+                .new_generation(capacity, rate)
                 .inspect_err(|error| {
+                    full.grows_no_further.store(true, Ordering::Relaxed);
                     tracing::warn!(
                         guard = %self.inner.name,
                         %error,
                         "cannot grow: the newest filter keeps taking inserts past its capacity"
                     );
                 })
-                .ok()
+                .ok();
+            if next.is_some() && opened + 1 == MAX_GROWN_FILTERS {
+                tracing::warn!(
+                    guard = %self.inner.name,
+                    filters = MAX_GROWN_FILTERS,
+                    capacity = full.capacity,
+                    "opened the last filter a growing guard opens: past its capacity it keeps \
+                     taking inserts and its false-positive rate climbs (size expected_items \
+                     or expansion up, or rebuild)"
+                );
+            }
+            next
         });
     }
 

@@ -32,6 +32,12 @@ pub enum Lifecycle {
     /// whose sum — the compound rate — stays under the target however many
     /// filters are added (the scheme of RedisBloom's scalable filters, after
     /// Almeida et al., "Scalable Bloom Filters", 2007). For sets of unknown size.
+    ///
+    /// A guard opens at most 32 filters (with `expansion` 2.0, about 4·10⁹
+    /// times `expected_items`; with 1.0, only 32 times): past the last one's
+    /// capacity it keeps filling that one, whose rate then climbs, and logs
+    /// a warning when it opens it. A rebuild starts over from one filter,
+    /// sized for the keys it read.
     Grow {
         /// Capacity ratio of each new filter to the previous one (1.0 to 16.0; 2.0 is usual).
         expansion: f64,
@@ -257,7 +263,8 @@ impl RebuildPolicy {
 
     /// Waits between failed attempts: the step starts at `first` and doubles
     /// up to `max`; each wait is drawn between half and all of its step, so
-    /// that guards failing together do not retry together.
+    /// that guards failing together do not retry together. Default: 1 s up
+    /// to 300 s.
     #[must_use]
     pub fn retry_backoff(mut self, first: Duration, max: Duration) -> Self {
         self.retry_backoff = (first, max.max(first));

@@ -72,8 +72,11 @@ impl StalenessSampler {
     pub(crate) fn maybe_sample(&self, key: &[u8]) {
         if next_random() <= self.threshold {
             // A full queue means the verifier is behind: dropping a sample
-            // only makes the check a little less eager.
-            let _ = self.queue.try_send(key.to_vec());
+            // only makes the check a little less eager. The key is copied
+            // once there is room for it.
+            if let Ok(room) = self.queue.try_reserve() {
+                room.send(key.to_vec());
+            }
         }
     }
 }

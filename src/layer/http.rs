@@ -123,8 +123,7 @@ impl PathKey {
     ///
     /// # Panics
     /// If the template does not start with `/` or has no parameter or more
-    /// than one: a programming error, caught the first time the service is
-    /// built.
+    /// than one: a programming error, caught where the route is declared.
     pub fn route(template: &str) -> Self {
         let rest = template
             .strip_prefix('/')

@@ -547,6 +547,28 @@ fn growth_keeps_the_compound_fpr_under_target() {
     );
 }
 
+/// Growth stops at 32 filters; past the last one's capacity the guard keeps
+/// every key in it (its rate climbs, it loses none). With `grow(1.0)` the
+/// halving rates used to fall below what a filter can be sized for at the
+/// 19th: growth stopped there, and logged a warning at every sampled insert
+/// after.
+#[test]
+fn growth_stops_at_its_last_filter_and_loses_no_key() {
+    let guard = Guard::builder()
+        .expected_items(100)
+        .lifecycle(Lifecycle::grow(1.0))
+        .seed(7)
+        .build()
+        .unwrap();
+    let inserted = keys(0, 100 * 40);
+    for key in &inserted {
+        guard.insert(key);
+    }
+    let stats = guard.stats();
+    assert_eq!(stats.generations, 32, "{stats:?}");
+    assert_all_present(&guard, &inserted, "past the last filter's capacity");
+}
+
 #[test]
 fn an_overfilled_guard_without_growth_reports_drift() {
     let guard = Guard::builder().expected_items(10_000).build().unwrap();
@@ -1256,4 +1278,22 @@ async fn maintenance_lets_go_of_a_dropped_guard_at_once() {
     })
     .await;
     drop(maintenance);
+}
+
+/// On a runtime without its time driver the maintenance task panicked at
+/// its first sleep, which was only logged: the guard stayed warming for
+/// ever. Starting it says so at once instead.
+#[test]
+#[should_panic(expected = "enable_time")]
+fn maintenance_on_a_runtime_without_timers_panics_where_it_is_started() {
+    let guard = Guard::builder()
+        .source(bloomguard::source::from_fn(|| vec!["item:1"]))
+        .build()
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let _maintenance = guard.spawn_maintenance();
+    });
 }

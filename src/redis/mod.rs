@@ -98,7 +98,9 @@ impl redis::aio::ConnectionLike for Live {
 
 impl Live {
     /// `WAIT replicas timeout` on the node serving `key`: how many replicas
-    /// acknowledged every write this connection made to it.
+    /// acknowledged every write this connection made to it. Keep `timeout`
+    /// under the connection's response timeout, which bounds the call too
+    /// (a cluster's connection has none of its own).
     async fn wait_for_replicas(
         &mut self,
         key: &str,
@@ -109,10 +111,11 @@ impl Live {
         wait.arg(replicas).arg(timeout.as_millis() as u64);
         match self {
             Self::Node(manager) => wait.query_async(manager).await,
-            Self::Cluster(cluster, _) => {
+            Self::Cluster(cluster, response_timeout) => {
                 let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                let acknowledged = cluster.route_command(wait, routing).await?;
+                let acknowledged =
+                    within(*response_timeout, cluster.route_command(wait, routing)).await?;
                 Ok(redis::from_redis_value(acknowledged)?)
             }
         }

@@ -394,7 +394,8 @@ impl FleetSyncBuilder {
     /// failover the promoted one must still have `replicas` of its own, or
     /// no write is made ([`FleetError::NotReplicated`]) and every member
     /// fences itself until a replica is back. Tested with 2 replicas per
-    /// master and `wait_for_replicas(1)`.
+    /// master and `wait_for_replicas(1)`. Each `WAIT` waits up to half a
+    /// lease; one the master does not answer fails after a lease.
     pub fn wait_for_replicas(mut self, replicas: usize) -> Self {
         self.settings.replicas = replicas;
         self
@@ -482,8 +483,14 @@ impl FleetSync {
         if wanted == 0 {
             return Ok(());
         }
+        // Half a lease: answered before the connection's own timeout (a
+        // lease), and a renewal that waited that long is in doubt anyway.
         let acknowledged = connection
-            .wait_for_replicas(&self.inner.keys.stream, wanted, self.inner.settings.lease)
+            .wait_for_replicas(
+                &self.inner.keys.stream,
+                wanted,
+                self.inner.settings.lease / 2,
+            )
             .await?;
         if acknowledged < wanted {
             return Err(FleetError::NotReplicated {

@@ -478,6 +478,58 @@ async fn a_member_joining_after_redis_restarted_from_an_older_dump_holds_every_k
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Redis's clock stepped back (an hour here) leaves the fleet's record
+/// beginning in the future, and the lease of a member that is gone ending
+/// there: joins slept and writes waited for the record's "first lease" and
+/// for that member until the clock caught up. The record begins anew
+/// instead, and a lease ends within a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_from_redis_future_does_not_hold_joins_and_writes() {
+    let server = RedisServer::start();
+    let a = join_with(guard("a"), server.client(), "clock", |builder| {
+        builder.ack_timeout(Duration::from_secs(20))
+    })
+    .await;
+    let mut connection = server.client().get_connection().unwrap();
+    let (seconds, _): (u64, u64) = redis::cmd("TIME").query(&mut connection).unwrap();
+    let an_hour_ahead = (seconds + 3_600) * 1_000;
+    let () = redis::pipe()
+        .cmd("SET")
+        .arg("{clock}:since")
+        .arg(an_hour_ahead)
+        .ignore()
+        .cmd("ZADD")
+        .arg("{clock}:leases")
+        .arg(an_hour_ahead)
+        .arg("gone")
+        .ignore()
+        .cmd("HSET")
+        .arg("{clock}:applied")
+        .arg("gone")
+        .arg("0-0")
+        .ignore()
+        .query(&mut connection)
+        .unwrap();
+    let joined = tokio::time::timeout(
+        Duration::from_secs(30),
+        join(guard("b"), server.client(), "clock"),
+    )
+    .await
+    .expect("a join waited for Redis's clock to reach the record");
+    let written = tokio::time::timeout(
+        Duration::from_secs(30),
+        a.fleet.insert_then_write("after the step", async {}),
+    )
+    .await
+    .expect("a write waited for Redis's clock to reach the record");
+    written.unwrap();
+    caught_up(&joined).await;
+    assert_eq!(
+        joined.guard().check("after the step"),
+        Verdict::MaybePresent
+    );
+}
+
 /// A snapshot whose position was read before Redis lost its data must not
 /// be published into the Redis that lost it: its position is in a stream
 /// that is gone, and a joiner adopting it would skip the new stream's

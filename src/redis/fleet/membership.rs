@@ -44,16 +44,19 @@ use crate::error::FleetError;
 
 /// The Lua function every script that reads the fleet's record begins
 /// with: `record_since(since_key, run_key)` is when the record began, begun
-/// anew (now) when `since_key` is missing (Redis lost its data) or Redis's
-/// run id is not the one the record began under (a restart, which may have
-/// loaded an older dump, or a failover to a replica that may lack writes).
+/// anew (now) when `since_key` is missing (Redis lost its data), when
+/// Redis's run id is not the one the record began under (a restart, which
+/// may have loaded an older dump, or a failover to a replica that may lack
+/// writes), or when it lies in Redis's future (its clock stepped back:
+/// writers would wait out the record's first lease until it caught up).
 pub(super) const RECORD_SINCE: &str = r"
 local function record_since(since_key, run_key)
-  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local since = tonumber(redis.call('GET', since_key))
-  if not since or redis.call('GET', run_key) ~= run then
-    local t = redis.call('TIME')
-    since = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not since or since > now or redis.call('GET', run_key) ~= run then
+    since = now
     redis.call('SET', since_key, since)
     redis.call('SET', run_key, run)
   end
@@ -87,7 +90,12 @@ for _, lapsed in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
   redis.call('HDEL', KEYS[2], lapsed)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+-- Leases further ahead than one (Redis's clock stepped back) end within one.
+local lease_end = now + tonumber(ARGV[2])
+for _, ahead in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. lease_end, '+inf')) do
+  redis.call('ZADD', KEYS[1], lease_end, ahead)
+end
+redis.call('ZADD', KEYS[1], lease_end, ARGV[1])
 local applied = ARGV[3]
 if tonumber(ARGV[4]) ~= since then
   applied = '0-0'

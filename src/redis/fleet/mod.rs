@@ -960,7 +960,6 @@ impl Drop for UnfinishedJoin {
             return;
         }
         let member = &self.member;
-        member.inner.guard.release_from_fleet();
         {
             let mut state = member.state();
             // A renewal's reply still on its way says nothing of a lease now.
@@ -971,6 +970,8 @@ impl Drop for UnfinishedJoin {
                 state.fenced = self.was_fenced;
             }
         }
+        // Last: another join may claim the guard once it is released.
+        member.inner.guard.release_from_fleet();
     }
 }
 

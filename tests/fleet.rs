@@ -530,6 +530,43 @@ async fn a_record_from_redis_future_does_not_hold_joins_and_writes() {
     );
 }
 
+/// A record that begins anew over a stream Redis kept (a failover, a
+/// restart from a dump, the first run of a version that records the run
+/// id) sent every member back to the stream's start: past a trimmed stream
+/// they all recovered, none could publish the snapshot that needed, and
+/// members without a source stayed fenced for good. They replay the kept
+/// stream from where it was trimmed instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_replay_a_trimmed_stream_kept_across_a_new_record() {
+    let server = RedisServer::start();
+    let short = |builder: FleetSyncBuilder| builder.stream_max_len(50);
+    let a = join_with(guard("a"), server.client(), "kept", short).await;
+    let b = join_with(guard("b"), server.client(), "kept", short).await;
+    let written: Vec<String> = (0..200).map(|n| format!("kept:{n}")).collect();
+    for key in &written {
+        a.fleet.insert_then_write(key, async {}).await.unwrap();
+    }
+    caught_up(&b).await;
+    let mut connection = server.client().get_connection().unwrap();
+    let trimmed: Option<String> = redis::cmd("GET")
+        .arg("{kept}:inserts:trimmed")
+        .query(&mut connection)
+        .unwrap();
+    assert!(trimmed.is_some(), "the stream was trimmed");
+    // As after a failover: the record began under another Redis process.
+    let () = redis::cmd("SET")
+        .arg("{kept}:since:run_id")
+        .arg("another")
+        .query(&mut connection)
+        .unwrap();
+    a.fleet.insert_then_write("after", async {}).await.unwrap();
+    caught_up(&a).await;
+    caught_up(&b).await;
+    for key in written.iter().chain(["after".to_owned()].iter()) {
+        assert_eq!(b.guard().check(key), Verdict::MaybePresent, "{key}");
+    }
+}
+
 /// A snapshot whose position was read before Redis lost its data must not
 /// be published into the Redis that lost it: its position is in a stream
 /// that is gone, and a joiner adopting it would skip the new stream's

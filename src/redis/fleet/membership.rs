@@ -69,12 +69,12 @@ end
 /// than the one in Redis now (`ARGV[4]`, its `since`): a Redis that lost its
 /// data has a new stream, which the old position says nothing of.
 /// A member from before such a loss marks `KEYS[5]`: a snapshot is needed.
-/// Returns `{continuous, last, members, since, needed, first}`: whether
-/// the lease it held was still live in Redis, the stream's last entry id,
-/// how many members hold live leases now, when the fleet's record began
-/// (which changes when Redis lost the fleet's data or restarted), whether
-/// that mark is set, and the stream's first entry id. Drops lapsed members
-/// on the way.
+/// Returns `{continuous, last, members, since, needed, first, trimmed}`:
+/// whether the lease it held was still live in Redis, the stream's last
+/// entry id, how many members hold live leases now, when the fleet's record
+/// began (which changes when Redis lost the fleet's data or restarted),
+/// whether that mark is set, the stream's first entry id, and the newest
+/// entry trimmed from it. Drops lapsed members on the way.
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
@@ -108,7 +108,8 @@ local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
 if newest[1] then last = newest[1][1] end
 local oldest = redis.call('XRANGE', KEYS[4], '-', '+', 'COUNT', 1)
 if oldest[1] then first = oldest[1][1] end
-return {continuous, last, redis.call('ZCARD', KEYS[1]), since, redis.call('EXISTS', KEYS[5]), first}
+local trimmed = redis.call('GET', KEYS[7]) or '0-0'
+return {continuous, last, redis.call('ZCARD', KEYS[1]), since, redis.call('EXISTS', KEYS[5]), first, trimmed}
 ",
         ]
         .concat(),
@@ -192,6 +193,8 @@ pub(super) struct Renewal {
     pub(super) snapshot_needed: bool,
     /// The stream's first entry.
     pub(super) first: StreamPosition,
+    /// The newest entry trimmed from the stream (`START`: none).
+    pub(super) trimmed: StreamPosition,
 }
 
 impl Renewal {
@@ -213,13 +216,23 @@ impl FleetSync {
         };
         let sent_at = Instant::now();
         let mut connection = self.inner.connection.get().await?;
-        let reply: Result<(u8, StreamPosition, u64, u64, u8, StreamPosition), _> = RENEW
+        type Reply = (
+            u8,
+            StreamPosition,
+            u64,
+            u64,
+            u8,
+            StreamPosition,
+            StreamPosition,
+        );
+        let reply: Result<Reply, _> = RENEW
             .key(&keys.leases)
             .key(&keys.applied)
             .key(&keys.since)
             .key(&keys.stream)
             .key(&keys.snapshot_needed)
             .key(&keys.run_id)
+            .key(&keys.trimmed)
             .arg(&self.inner.member)
             .arg(self.inner.settings.lease.as_millis() as u64)
             .arg(position)
@@ -234,7 +247,7 @@ impl FleetSync {
             Ok(reply) => self.replicated(&mut connection).await.map(|()| reply),
             Err(error) => Err(error.into()),
         };
-        let (continuous, last, members, fleet_since, snapshot_needed, first) = replicated
+        let (continuous, last, members, fleet_since, snapshot_needed, first, trimmed) = replicated
             .inspect_err(|_| {
                 self.state().lease_in_doubt = true;
             })?;
@@ -247,6 +260,7 @@ impl FleetSync {
             members,
             snapshot_needed: snapshot_needed == 1,
             first,
+            trimmed,
         })
     }
 

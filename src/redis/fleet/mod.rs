@@ -761,10 +761,17 @@ impl FleetSync {
             if lost_data {
                 // The stream began anew with the record: none of its entries
                 // was applied here, whatever their ids (a Redis whose clock
-                // is behind the old ones gives lower ids). The consumer
-                // notices the move (`apply_next`); targets in the old
-                // stream are gone with it.
-                state.position = StreamPosition::START;
+                // is behind the old ones gives lower ids). Where Redis kept
+                // it, it is replayed from where it was trimmed, if this
+                // member had got that far; from its start otherwise, which
+                // past a trim is a recovery. The consumer notices the move
+                // (`apply_next`); targets in the old stream are gone with it.
+                let kept = renewal.stream_predates_the_record();
+                state.position = if kept && state.position >= renewal.trimmed {
+                    renewal.trimmed
+                } else {
+                    StreamPosition::START
+                };
                 state.catch_up_to = None;
                 state.stream_resets += 1;
             }
@@ -1001,6 +1008,7 @@ mod tests {
             members: 2,
             snapshot_needed: false,
             first: StreamPosition::START,
+            trimmed: StreamPosition::START,
         }
     }
 
@@ -1011,7 +1019,15 @@ mod tests {
     /// could publish.
     #[test]
     fn a_fenced_member_replays_a_stream_kept_across_a_new_record() {
-        for (first, recovers) in [("50-0", false), ("0-0", true), ("3000-0", true)] {
+        // The stream's first entry, the newest trimmed one, and where the
+        // member (at 100-0) replays from.
+        for (first, trimmed, recovers, from) in [
+            ("50-0", "0-0", false, "0-0"),
+            ("50-0", "40-0", false, "40-0"),
+            ("150-0", "140-0", false, "0-0"), // trimmed past it: `apply_next` recovers
+            ("0-0", "0-0", true, "0-0"),
+            ("3000-0", "0-0", true, "0-0"),
+        ] {
             let member = member();
             member.renewed(renewal(&member, true, 1));
             member.state().fence_at = Some(Instant::now()); // its lease ran out
@@ -1019,10 +1035,11 @@ mod tests {
             assert!(member.guard().is_fenced());
             member.renewed(Renewal {
                 first: first.parse().unwrap(),
+                trimmed: trimmed.parse().unwrap(),
                 ..renewal(&member, false, 2_000)
             });
             assert_eq!(member.state().recovering, recovers, "first entry {first}");
-            assert_eq!(member.state().position, StreamPosition::START);
+            assert_eq!(member.state().position, from.parse().unwrap(), "{first} {trimmed}");
             assert!(member.guard().is_fenced());
         }
     }

@@ -26,10 +26,14 @@ const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 /// (`max-deleted-entry-id` counts only `XDEL`), and it is how a member knows
 /// whether entries after its position are gone. Trims in steps of a
 /// hundredth of the cap, so that most appends do not trim. Returns the
-/// entry's id.
+/// entry's id. The fleet's record (`KEYS[3]`, `KEYS[4]`) begins first, if
+/// it is to begin: an entry older than the record is one Redis kept.
 static APPEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"
+        &[
+            RECORD_SINCE,
+            r"
+record_since(KEYS[3], KEYS[4])
 local id
 if ARGV[2] == '1' then
   id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[4], 'm', ARGV[1], 'landed', '1')
@@ -45,6 +49,8 @@ if excess > 0 and excess >= math.max(1, math.floor(cap / 100)) then
 end
 return id
 ",
+        ]
+        .concat(),
     )
 });
 
@@ -152,6 +158,8 @@ impl FleetSync {
         let entry = APPEND
             .key(&self.inner.keys.stream)
             .key(&self.inner.keys.trimmed)
+            .key(&self.inner.keys.since)
+            .key(&self.inner.keys.run_id)
             .arg(&self.inner.member)
             .arg(u8::from(landed))
             .arg(self.inner.settings.stream_max_len)

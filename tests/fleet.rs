@@ -530,6 +530,49 @@ async fn a_record_from_redis_future_does_not_hold_joins_and_writes() {
     );
 }
 
+/// A member that found no snapshot holding the keys from before Redis lost
+/// its data recovers however late it renews: the mark used to be cleared
+/// by the first such snapshot, and a member that looked for one just
+/// before it was published (its renewal just after) took the start of the
+/// new stream for all there was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_missed_the_snapshot_from_before_a_loss_still_recovers() {
+    let server = RedisServer::start();
+    let a = join(guard("a"), server.client(), "late").await;
+    let before: Vec<String> = (0..20).map(|n| format!("before:{n}")).collect();
+    for key in &before {
+        a.fleet.insert_then_write(key, async {}).await.unwrap();
+    }
+    caught_up(&a).await;
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let manifest: Option<String> = redis::cmd("GET")
+            .arg("{late}:snapshot")
+            .query(&mut connection)
+            .unwrap();
+        if manifest.is_some() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "`a` published nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // As if `c` had looked for it just before.
+    let () = redis::cmd("DEL")
+        .arg("{late}:snapshot")
+        .query(&mut connection)
+        .unwrap();
+    let c = join(guard("c"), server.client(), "late").await;
+    caught_up(&c).await;
+    for key in &before {
+        assert_ne!(c.guard().check(key), Verdict::Absent, "{key}");
+    }
+}
+
 /// A record that begins anew over a stream Redis kept (a failover, a
 /// restart from a dump, the first run of a version that records the run
 /// id) sent every member back to the stream's start: past a trimmed stream

@@ -68,13 +68,16 @@ end
 /// (`ARGV[3]`), or `0-0` when the member read it under another fleet record
 /// than the one in Redis now (`ARGV[4]`, its `since`): a Redis that lost its
 /// data has a new stream, which the old position says nothing of.
-/// A member from before such a loss marks `KEYS[5]`: a snapshot is needed.
-/// Returns `{continuous, last, members, since, needed, first, trimmed}`:
-/// whether the lease it held was still live in Redis, the stream's last
-/// entry id, how many members hold live leases now, when the fleet's record
-/// began (which changes when Redis lost the fleet's data or restarted),
-/// whether that mark is set, the stream's first entry id, and the newest
-/// entry trimmed from it. Drops lapsed members on the way.
+/// A member from before such a loss marks `KEYS[5]` with the record: a
+/// snapshot holding what preceded it is needed, for as long as the record
+/// lasts. Returns `{continuous, last, members, since, needed, first,
+/// trimmed, covered}`: whether the lease it held was still live in Redis,
+/// the stream's last entry id, how many members hold live leases now, when
+/// the fleet's record began (which changes when Redis lost the fleet's data
+/// or restarted), whether the record is marked, the stream's first entry
+/// id, the newest entry trimmed from it, and whether the snapshot in
+/// `KEYS[8]` holds what preceded the record. Drops lapsed members on the
+/// way.
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
@@ -100,7 +103,7 @@ local applied = ARGV[3]
 if tonumber(ARGV[4]) ~= since then
   applied = '0-0'
   -- A member from before: the keys acknowledged then are in its set only.
-  if tonumber(ARGV[4]) ~= 0 then redis.call('SET', KEYS[5], 1) end
+  if tonumber(ARGV[4]) ~= 0 then redis.call('SET', KEYS[5], since) end
 end
 redis.call('HSET', KEYS[2], ARGV[1], applied)
 local last, first = '0-0', '0-0'
@@ -109,7 +112,15 @@ if newest[1] then last = newest[1][1] end
 local oldest = redis.call('XRANGE', KEYS[4], '-', '+', 'COUNT', 1)
 if oldest[1] then first = oldest[1][1] end
 local trimmed = redis.call('GET', KEYS[7]) or '0-0'
-return {continuous, last, redis.call('ZCARD', KEYS[1]), since, redis.call('EXISTS', KEYS[5]), first, trimmed}
+local needed = 0
+if tonumber(redis.call('GET', KEYS[5])) == since then needed = 1 end
+local covered = 0
+local manifest = redis.call('GET', KEYS[8])
+if manifest then
+  local fresh, record = string.match(manifest, '^%S+ %S+ %S+ (%d) (%d+)$')
+  if fresh == '0' and tonumber(record) == since then covered = 1 end
+end
+return {continuous, last, redis.call('ZCARD', KEYS[1]), since, needed, first, trimmed, covered}
 ",
         ]
         .concat(),
@@ -188,9 +199,12 @@ pub(super) struct Renewal {
     pub(super) continuous: bool,
     pub(super) last: StreamPosition,
     pub(super) members: u64,
-    /// `{name}:snapshot:needed` is set: the keys acknowledged before Redis
-    /// lost its data are in no snapshot yet.
+    /// `{name}:snapshot:needed` marks the record: the keys acknowledged
+    /// before it began are in the sets of the members from before only.
     pub(super) snapshot_needed: bool,
+    /// The fleet's snapshot holds those keys (published under the record
+    /// by a member that held them).
+    pub(super) snapshot_covers: bool,
     /// The stream's first entry.
     pub(super) first: StreamPosition,
     /// The newest entry trimmed from the stream (`START`: none).
@@ -224,6 +238,7 @@ impl FleetSync {
             u8,
             StreamPosition,
             StreamPosition,
+            u8,
         );
         let reply: Result<Reply, _> = RENEW
             .key(&keys.leases)
@@ -233,6 +248,7 @@ impl FleetSync {
             .key(&keys.snapshot_needed)
             .key(&keys.run_id)
             .key(&keys.trimmed)
+            .key(&keys.manifest)
             .arg(&self.inner.member)
             .arg(self.inner.settings.lease.as_millis() as u64)
             .arg(position)
@@ -247,8 +263,8 @@ impl FleetSync {
             Ok(reply) => self.replicated(&mut connection).await.map(|()| reply),
             Err(error) => Err(error.into()),
         };
-        let (continuous, last, members, fleet_since, snapshot_needed, first, trimmed) = replicated
-            .inspect_err(|_| {
+        let (continuous, last, members, fleet_since, snapshot_needed, first, trimmed, covers) =
+            replicated.inspect_err(|_| {
                 self.state().lease_in_doubt = true;
             })?;
         Ok(Renewal {
@@ -259,6 +275,7 @@ impl FleetSync {
             last,
             members,
             snapshot_needed: snapshot_needed == 1,
+            snapshot_covers: covers == 1,
             first,
             trimmed,
         })

@@ -231,8 +231,8 @@ struct Keys {
     manifest: String,
     snapshot_version: String,
     snapshot_lock: String,
-    /// Set while the keys acknowledged before Redis lost its data are in
-    /// no snapshot (see `snapshot`).
+    /// The record whose members need the keys acknowledged before it began
+    /// (Redis lost them) from a snapshot (see `snapshot`).
     snapshot_needed: String,
     rebuild_lock: String,
     notices: String,
@@ -308,6 +308,10 @@ struct MemberState {
     /// Whether the last renewal found the keys from before a data loss
     /// wanted in a snapshot (`{name}:snapshot:needed`).
     snapshot_needed: bool,
+    /// Whether a renewal has confirmed the record this member chose its
+    /// position (and `fresh_in`) under: one that finds another at once
+    /// says its set holds nothing certain of either.
+    record_confirmed: bool,
     /// Times a renewal found the record new and sent this member back to
     /// the start of the new stream: a read begun before one is not applied
     /// as a position, even where the position looks unchanged.
@@ -667,7 +671,11 @@ impl FleetSync {
         let (grace, fleet_since) = self.grace().await?;
         // The record the position chosen below belongs to: a renewal that
         // finds another knows that Redis lost its data since.
-        self.state().fleet_since = Some(fleet_since);
+        {
+            let mut state = self.state();
+            state.fleet_since = Some(fleet_since);
+            state.record_confirmed = false;
+        }
         tokio::time::sleep(grace).await;
         let snapshot = match self.load_covering_snapshot(None).await {
             Err(FleetError::Redis(error)) => return Err(error.into()),
@@ -766,6 +774,12 @@ impl FleetSync {
                 // member had got that far; from its start otherwise, which
                 // past a trim is a recovery. The consumer notices the move
                 // (`apply_next`); targets in the old stream are gone with it.
+                if !state.record_confirmed {
+                    // Joined under the record before, and never saw it
+                    // confirmed: whatever it loaded or replayed there may
+                    // lack what that record's end lost.
+                    state.fresh_in = Some(renewal.fleet_since);
+                }
                 let kept = renewal.stream_predates_the_record();
                 state.position = if kept && state.position >= renewal.trimmed {
                     renewal.trimmed
@@ -796,7 +810,9 @@ impl FleetSync {
                 // the loss are in other members' sets only.
                 state.recovering = true;
             }
-            let publish = lost_data || (renewal.snapshot_needed && !lacks_what_is_needed);
+            state.record_confirmed = true;
+            let publish = lost_data
+                || (renewal.snapshot_needed && !renewal.snapshot_covers && !lacks_what_is_needed);
             if lost_data {
                 tracing::warn!("the fleet's record in Redis is new: Redis lost its data");
             }
@@ -1007,6 +1023,7 @@ mod tests {
             last: "200-0".parse().unwrap(),
             members: 2,
             snapshot_needed: false,
+            snapshot_covers: false,
             first: StreamPosition::START,
             trimmed: StreamPosition::START,
         }
@@ -1039,7 +1056,11 @@ mod tests {
                 ..renewal(&member, false, 2_000)
             });
             assert_eq!(member.state().recovering, recovers, "first entry {first}");
-            assert_eq!(member.state().position, from.parse().unwrap(), "{first} {trimmed}");
+            assert_eq!(
+                member.state().position,
+                from.parse().unwrap(),
+                "{first} {trimmed}"
+            );
             assert!(member.guard().is_fenced());
         }
     }

@@ -12,9 +12,9 @@
 //!
 //! After Redis lost its data, the keys acknowledged before are in the sets
 //! of the members that lived through it, and nowhere else in the fleet:
-//! their renewals mark `{name}:snapshot:needed`, and it stays marked until
-//! one of them (or a member holding one of their snapshots, or a rebuild
-//! from the store) publishes. A member whose set starts at the new stream's
+//! their renewals mark the new record in `{name}:snapshot:needed`, and are
+//! asked to publish until one of them (or a member holding one of their
+//! snapshots, or a rebuild from the store) has. A member whose set starts at the new stream's
 //! start (`fresh`: it joined after the loss without such a snapshot) cannot
 //! publish meanwhile, and recovers when its renewal sees the mark. So does
 //! one that loaded a snapshot published under the record before (`since`):
@@ -108,11 +108,8 @@ static SET_MANIFEST: LazyLock<Script> = LazyLock::new(|| {
 if record_since(KEYS[2], KEYS[4]) ~= tonumber(ARGV[2]) then
   return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED the fleet record changed since the snapshot was taken')
 end
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  if ARGV[3] == '1' then
-    return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED this member holds no keys from before Redis lost its data')
-  end
-  redis.call('DEL', KEYS[3])
+if ARGV[3] == '1' and tonumber(redis.call('GET', KEYS[3])) == tonumber(ARGV[2]) then
+  return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED this member holds no keys from before Redis lost its data')
 end
 return redis.call('SET', KEYS[1], ARGV[1], 'GET')
 ",

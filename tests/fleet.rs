@@ -573,6 +573,41 @@ async fn a_member_that_missed_the_snapshot_from_before_a_loss_still_recovers() {
     }
 }
 
+/// After a loss that every member lived through fenced (their leases
+/// lapsed first), none can vouch for the keys from before, and the fleet
+/// stays fenced. Deleting the mark accepts their loss: a member that was
+/// recovering then takes a snapshot of the new stream. It used to keep
+/// the mark it saw last (a recovering member does not renew) and wait for
+/// good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_mark_lets_a_recovering_member_take_the_new_stream() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let b = join(guard("b"), proxy.client(), "accept").await;
+    b.fleet.insert_then_write("before", async {}).await.unwrap();
+    caught_up(&b).await;
+    stall_until_fenced(&proxy, &b).await;
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+    proxy.resume();
+    wait_until("`b` to mark the keys from before as needed", || {
+        redis::cmd("EXISTS")
+            .arg("{accept}:snapshot:needed")
+            .query::<bool>(&mut connection)
+            .unwrap()
+    })
+    .await;
+    let () = redis::cmd("DEL")
+        .arg("{accept}:snapshot:needed")
+        .query(&mut connection)
+        .unwrap();
+    let c = join(guard("c"), server.client(), "accept").await;
+    c.fleet.insert_then_write("after", async {}).await.unwrap();
+    caught_up(&c).await;
+    caught_up(&b).await;
+    assert_eq!(b.guard().check("after"), Verdict::MaybePresent);
+}
+
 /// A record that begins anew over a stream Redis kept (a failover, a
 /// restart from a dump, the first run of a version that records the run
 /// id) sent every member back to the stream's start: past a trimmed stream

@@ -62,7 +62,34 @@ local function record_since(since_key, run_key)
   end
   return since
 end
+-- Whether the record `since` needs the keys from before it from a
+-- snapshot; a member that knew an earlier record (`known`, 0: none) marks
+-- it so first.
+local function snapshot_needed(needed_key, known, since)
+  if tonumber(known) ~= 0 and tonumber(known) ~= since then
+    redis.call('SET', needed_key, since)
+  end
+  return tonumber(redis.call('GET', needed_key)) == since
+end
 ";
+
+/// The record as a member that does not renew sees it (recovering):
+/// `{since, needed}` (`KEYS`: since, its run id, the mark; `ARGV[1]`: the
+/// record the member knew, which it marks as the renewal does).
+static RECORD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        &[
+            RECORD_SINCE,
+            r"
+local since = record_since(KEYS[1], KEYS[2])
+local needed = 0
+if snapshot_needed(KEYS[3], ARGV[1], since) then needed = 1 end
+return {since, needed}
+",
+        ]
+        .concat(),
+    )
+});
 
 /// Renews (or takes) this member's lease and publishes its position
 /// (`ARGV[3]`), or `0-0` when the member read it under another fleet record
@@ -100,11 +127,10 @@ for _, ahead in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. lease_end, '+
 end
 redis.call('ZADD', KEYS[1], lease_end, ARGV[1])
 local applied = ARGV[3]
-if tonumber(ARGV[4]) ~= since then
-  applied = '0-0'
-  -- A member from before: the keys acknowledged then are in its set only.
-  if tonumber(ARGV[4]) ~= 0 then redis.call('SET', KEYS[5], since) end
-end
+if tonumber(ARGV[4]) ~= since then applied = '0-0' end
+-- A member from before: the keys acknowledged then are in its set only.
+local needed = 0
+if snapshot_needed(KEYS[5], ARGV[4], since) then needed = 1 end
 redis.call('HSET', KEYS[2], ARGV[1], applied)
 local last, first = '0-0', '0-0'
 local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
@@ -112,8 +138,6 @@ if newest[1] then last = newest[1][1] end
 local oldest = redis.call('XRANGE', KEYS[4], '-', '+', 'COUNT', 1)
 if oldest[1] then first = oldest[1][1] end
 local trimmed = redis.call('GET', KEYS[7]) or '0-0'
-local needed = 0
-if tonumber(redis.call('GET', KEYS[5])) == since then needed = 1 end
 local covered = 0
 local manifest = redis.call('GET', KEYS[8])
 if manifest then
@@ -279,6 +303,33 @@ impl FleetSync {
             first,
             trimmed,
         })
+    }
+
+    /// Learns the record as it is now without renewing (a recovering member
+    /// gave its lease up): a record begun anew since sends this member to
+    /// its stream's start with nothing certain from before it, and the mark
+    /// may have been set or deleted.
+    pub(super) async fn refresh_record(&self) -> Result<(), FleetError> {
+        let keys = &self.inner.keys;
+        let known = self.state().fleet_since;
+        let mut connection = self.inner.connection.get().await?;
+        let (since, needed): (u64, u8) = RECORD
+            .key(&keys.since)
+            .key(&keys.run_id)
+            .key(&keys.snapshot_needed)
+            .arg(known.unwrap_or(0))
+            .invoke_async(&mut connection)
+            .await?;
+        let mut state = self.state();
+        if state.fleet_since != Some(since) {
+            state.fleet_since = Some(since);
+            state.stream_resets += 1;
+            state.position = StreamPosition::START;
+            state.catch_up_to = None;
+            state.fresh_in = Some(since);
+        }
+        state.snapshot_needed = needed == 1;
+        Ok(())
     }
 
     /// How long writers still wait out the fleet record's first lease.

@@ -430,6 +430,9 @@ impl FleetSync {
         self.withdraw().await;
         loop {
             let published = self.inner.snapshot_published.notified();
+            if let Err(error) = self.refresh_record().await {
+                tracing::debug!(%error, "fleet record not read; trying the snapshot anyway");
+            }
             match self.load_covering_snapshot(None).await {
                 Ok(Some(_)) => break,
                 Ok(None) => {}

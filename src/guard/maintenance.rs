@@ -364,7 +364,15 @@ impl Task {
                             break;
                         }
                         result = guard.rebuild() => {
-                            give_back(result.is_ok()).await;
+                            // Sharing a committed set uploads it: a stop
+                            // meanwhile gives the turn back without it.
+                            tokio::select! {
+                                () = stop.cancelled() => {
+                                    give_back(false).await;
+                                    break;
+                                }
+                                () = give_back(result.is_ok()) => {}
+                            }
                             self.after_rebuild(result.map(|_| ()));
                         }
                     }

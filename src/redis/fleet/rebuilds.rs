@@ -56,8 +56,6 @@ impl RebuildTurns for Turns {
         Box::pin(async move {
             if let Some(member) = self.member() {
                 if committed {
-                    // From the store: it holds what was written before any loss.
-                    member.state().fresh_in = None;
                     member.share_rebuild().await;
                 }
                 member.give_back_rebuild_turn().await;

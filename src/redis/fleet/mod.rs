@@ -44,22 +44,23 @@
 //!   has landed, and waits for that to be acknowledged too, so a rebuild that
 //!   started meanwhile gets the key from the stream.
 //! - **Redis losing its data** (a restart without persistence), **or some
-//!   of it** (a restart from an older dump, a failover to a replica). The
-//!   fleet's record (`{name}:since`) begins anew when it is gone or when
-//!   Redis's run id is not the one it began under: writers wait out its
-//!   first lease again, and members replay the stream from its start. The
-//!   keys
-//!   acknowledged before are then in the sets of the members that lived
-//!   through it, and nowhere else: the first renewal of each marks a
-//!   snapshot as needed (`{name}:snapshot:needed`), and they are asked at
-//!   every renewal until one of them has published. Until then a member
-//!   that started at the new stream's start holds none of those keys: it
-//!   recovers (fenced) from that snapshot, or from a rebuild of its own
-//!   source. A member from before that does not renew within the new
-//!   record's first lease (stalled) is not known to the ones that join
-//!   meanwhile; one whose lease had lapsed when Redis restarted from an
-//!   older dump replays the kept stream, which lacks what was appended
-//!   after the dump and acknowledged without it.
+//!   of it** (a restart from an older dump, a failover to a replica), **or
+//!   its clock stepping back.** The fleet's record (`{name}:since`) begins
+//!   anew when it is gone, when Redis's run id is not the one it began
+//!   under, or when it begins in Redis's future: writers wait out its first
+//!   lease again, and members replay the stream (from where it was trimmed
+//!   where Redis kept it, from its start where it is new). The keys
+//!   acknowledged before a loss are then in the sets of the members that
+//!   lived through it, and nowhere else: the first renewal of each marks
+//!   the record (`{name}:snapshot:needed`), and they are asked at every
+//!   renewal until one of them has published a snapshot. For as long as the
+//!   record lasts, a member that started at the new stream's start holds
+//!   none of those keys: it recovers (fenced) from that snapshot, or from a
+//!   rebuild of its own source. A member from before that does not renew
+//!   within the new record's first lease (stalled) is not known to the
+//!   ones that join meanwhile; one whose lease had lapsed when Redis
+//!   restarted from an older dump replays the kept stream, which lacks what
+//!   was appended after the dump and acknowledged without it.
 //! - **One configuration per fleet.** The first member records the settings
 //!   that must agree (seed, size, rate, lifecycle, write settle, lease) under
 //!   `{name}:settings`; a member configured otherwise refuses to join with
@@ -78,9 +79,11 @@
 //!   them falls behind the trimmed stream at once, none can publish one and
 //!   all stay fenced (answering `MaybePresent`) until one is restarted with
 //!   a snapshot to load. [`snapshot_every`](FleetSyncBuilder::snapshot_every)
-//!   keeps one at hand. The same holds after Redis lost its data once no
-//!   member from before is left: deleting `{name}:snapshot:needed` accepts
-//!   that the keys from before are lost.
+//!   keeps one at hand. The same holds after Redis lost its data when no
+//!   member from before can vouch for the keys acknowledged before (none
+//!   is left, or each was fenced when it happened, as when Redis was down
+//!   for longer than a lease): deleting `{name}:snapshot:needed` accepts
+//!   that those keys are lost, and the members take the new stream.
 //!
 //! **Clocks.** Durations are measured on each machine's monotonic clock and on
 //! Redis's; no wall clock is compared. The leases assume that these clocks

@@ -452,6 +452,13 @@ impl Guard {
     /// keeps them in memory while it is held, even after a swap replaced
     /// them: hold it briefly (to encode a snapshot, to inspect a filter).
     ///
+    /// Read them; write through the guard ([`insert`](Self::insert),
+    /// [`merge_filter`](Self::merge_filter)). An insert into one of these
+    /// goes around the guard: a rebuild running then never gets the key,
+    /// the next swap forgets it, and a loader's confirmed-absent cache is
+    /// not told. [`AtomicBloom::clear`] on one makes the guard answer
+    /// `Absent` for every key it held.
+    ///
     /// ```
     /// let guard = bloomguard::Guard::builder().expected_items(1_000).build()?;
     /// guard.insert("item:1");

@@ -576,9 +576,9 @@ async fn a_member_that_missed_the_snapshot_from_before_a_loss_still_recovers() {
 /// After a loss that every member lived through fenced (their leases
 /// lapsed first), none can vouch for the keys from before, and the fleet
 /// stays fenced. Deleting the mark accepts their loss: a member that was
-/// recovering then takes a snapshot of the new stream. It used to keep
-/// the mark it saw last (a recovering member does not renew) and wait for
-/// good.
+/// recovering then takes the new stream. It used to keep the mark it saw
+/// last (a recovering member does not renew) and wait for good, and then,
+/// with no member unfenced to publish a snapshot, to wait for one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_the_mark_lets_a_recovering_member_take_the_new_stream() {
     let server = RedisServer::start();
@@ -597,51 +597,68 @@ async fn deleting_the_mark_lets_a_recovering_member_take_the_new_stream() {
             .unwrap()
     })
     .await;
+    assert!(b.guard().is_fenced());
     let () = redis::cmd("DEL")
         .arg("{accept}:snapshot:needed")
         .query(&mut connection)
         .unwrap();
-    let c = join(guard("c"), server.client(), "accept").await;
-    c.fleet.insert_then_write("after", async {}).await.unwrap();
-    caught_up(&c).await;
     caught_up(&b).await;
+    b.fleet.insert_then_write("after", async {}).await.unwrap();
     assert_eq!(b.guard().check("after"), Verdict::MaybePresent);
 }
 
 /// A record that begins anew over a stream Redis kept (a failover, a
-/// restart from a dump, the first run of a version that records the run
-/// id) sent every member back to the stream's start: past a trimmed stream
-/// they all recovered, none could publish the snapshot that needed, and
-/// members without a source stayed fenced for good. They replay the kept
-/// stream from where it was trimmed instead.
+/// restart from a dump, a clock step, the first run of a version that
+/// records the run id) sent every member back to the stream's start: past
+/// a trimmed stream they all recovered, none could publish the snapshot
+/// that needed, and members without a source stayed fenced for good. They
+/// replay the kept stream from where it was trimmed instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_replay_a_trimmed_stream_kept_across_a_new_record() {
     let server = RedisServer::start();
-    let short = |builder: FleetSyncBuilder| builder.stream_max_len(50);
-    let a = join_with(guard("a"), server.client(), "kept", short).await;
-    let b = join_with(guard("b"), server.client(), "kept", short).await;
-    let written: Vec<String> = (0..200).map(|n| format!("kept:{n}")).collect();
-    for key in &written {
-        a.fleet.insert_then_write(key, async {}).await.unwrap();
-    }
-    caught_up(&b).await;
     let mut connection = server.client().get_connection().unwrap();
-    let trimmed: Option<String> = redis::cmd("GET")
-        .arg("{kept}:inserts:trimmed")
-        .query(&mut connection)
-        .unwrap();
-    assert!(trimmed.is_some(), "the stream was trimmed");
-    // As after a failover: the record began under another Redis process.
-    let () = redis::cmd("SET")
-        .arg("{kept}:since:run_id")
-        .arg("another")
-        .query(&mut connection)
-        .unwrap();
-    a.fleet.insert_then_write("after", async {}).await.unwrap();
-    caught_up(&a).await;
-    caught_up(&b).await;
-    for key in written.iter().chain(["after".to_owned()].iter()) {
-        assert_eq!(b.guard().check(key), Verdict::MaybePresent, "{key}");
+    let short = |builder: FleetSyncBuilder| builder.stream_max_len(50);
+    for change in ["run id", "clock step"] {
+        let fleet = format!("kept-{}", change.replace(' ', "-"));
+        let a = join_with(guard("a"), server.client(), &fleet, short).await;
+        let b = join_with(guard("b"), server.client(), &fleet, short).await;
+        let written: Vec<String> = (0..200).map(|n| format!("kept:{n}")).collect();
+        for key in &written {
+            a.fleet.insert_then_write(key, async {}).await.unwrap();
+        }
+        caught_up(&b).await;
+        let trimmed: Option<String> = redis::cmd("GET")
+            .arg(format!("{{{fleet}}}:inserts:trimmed"))
+            .query(&mut connection)
+            .unwrap();
+        assert!(trimmed.is_some(), "the stream was trimmed");
+        if change == "run id" {
+            // As after a failover: the record began under another process.
+            let () = redis::cmd("HSET")
+                .arg(format!("{{{fleet}}}:since:record"))
+                .arg("run")
+                .arg("another")
+                .query(&mut connection)
+                .unwrap();
+        } else {
+            // As after Redis's clock stepped back an hour.
+            let (seconds, _): (u64, u64) = redis::cmd("TIME").query(&mut connection).unwrap();
+            let () = redis::cmd("SET")
+                .arg(format!("{{{fleet}}}:since"))
+                .arg((seconds + 3_600) * 1_000)
+                .query(&mut connection)
+                .unwrap();
+        }
+        a.fleet.insert_then_write("after", async {}).await.unwrap();
+        caught_up(&a).await;
+        caught_up(&b).await;
+        for key in written.iter().chain(["after".to_owned()].iter()) {
+            assert_eq!(
+                b.guard().check(key),
+                Verdict::MaybePresent,
+                "{change}: {key}"
+            );
+        }
     }
 }
 

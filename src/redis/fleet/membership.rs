@@ -42,25 +42,33 @@ use tokio::time::Instant;
 use super::{FleetSync, StreamPosition};
 use crate::error::FleetError;
 
-/// The Lua function every script that reads the fleet's record begins
-/// with: `record_since(since_key, run_key)` is when the record began, begun
-/// anew (now) when `since_key` is missing (Redis lost its data), when
+/// The Lua functions every script that reads the fleet's record begins
+/// with. `record_since(since_key, record_key)` is when the record began,
+/// begun anew (now) when `since_key` is missing (Redis lost its data), when
 /// Redis's run id is not the one the record began under (a restart, which
 /// may have loaded an older dump, or a failover to a replica that may lack
 /// writes), or when it lies in Redis's future (its clock stepped back:
 /// writers would wait out the record's first lease until it caught up).
+/// `record_key` (a hash) keeps that run id, and whether Redis kept the
+/// record before, stream included (all but a loss), for `record_kept`:
+/// entry ids say nothing certain of it, since clocks step and differ.
 pub(super) const RECORD_SINCE: &str = r"
-local function record_since(since_key, run_key)
+local function record_since(since_key, record_key)
   local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local since = tonumber(redis.call('GET', since_key))
-  if not since or since > now or redis.call('GET', run_key) ~= run then
+  if not since or since > now or redis.call('HGET', record_key, 'run') ~= run then
+    local kept = 0
+    if since then kept = 1 end
     since = now
     redis.call('SET', since_key, since)
-    redis.call('SET', run_key, run)
+    redis.call('HSET', record_key, 'run', run, 'kept', kept)
   end
   return since
+end
+local function record_kept(record_key)
+  return redis.call('HGET', record_key, 'kept') == '1'
 end
 -- Whether the record `since` needs the keys from before it from a
 -- snapshot; a member that knew an earlier record (`known`, 0: none) marks
@@ -95,14 +103,15 @@ return {since, needed}
 /// (`ARGV[3]`), or `0-0` when the member read it under another fleet record
 /// than the one in Redis now (`ARGV[4]`, its `since`): a Redis that lost its
 /// data has a new stream, which the old position says nothing of.
-/// A member from before such a loss marks `KEYS[5]` with the record: a
-/// snapshot holding what preceded it is needed, for as long as the record
-/// lasts. Returns `{continuous, last, members, since, needed, first,
-/// trimmed, covered}`: whether the lease it held was still live in Redis,
-/// the stream's last entry id, how many members hold live leases now, when
-/// the fleet's record began (which changes when Redis lost the fleet's data
-/// or restarted), whether the record is marked, the stream's first entry
-/// id, the newest entry trimmed from it, and whether the snapshot in
+/// A member from before such a loss (`ARGV[5]`, the record it held a lease
+/// in; 0: none) marks `KEYS[5]` with the record: a snapshot holding what
+/// preceded it is needed, for as long as the record lasts. Returns
+/// `{continuous, last, members, since, needed, kept, trimmed, covered}`:
+/// whether the lease it held was still live in Redis, the stream's last
+/// entry id, how many members hold live leases now, when the fleet's record
+/// began (which changes when Redis lost the fleet's data or restarted),
+/// whether the record is marked, whether Redis kept the record before it,
+/// the newest entry trimmed from the stream, and whether the snapshot in
 /// `KEYS[8]` holds what preceded the record. Drops lapsed members on the
 /// way.
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
@@ -130,13 +139,13 @@ local applied = ARGV[3]
 if tonumber(ARGV[4]) ~= since then applied = '0-0' end
 -- A member from before: the keys acknowledged then are in its set only.
 local needed = 0
-if snapshot_needed(KEYS[5], ARGV[4], since) then needed = 1 end
+if snapshot_needed(KEYS[5], ARGV[5], since) then needed = 1 end
 redis.call('HSET', KEYS[2], ARGV[1], applied)
-local last, first = '0-0', '0-0'
+local last = '0-0'
 local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
 if newest[1] then last = newest[1][1] end
-local oldest = redis.call('XRANGE', KEYS[4], '-', '+', 'COUNT', 1)
-if oldest[1] then first = oldest[1][1] end
+local kept = 0
+if record_kept(KEYS[6]) then kept = 1 end
 local trimmed = redis.call('GET', KEYS[7]) or '0-0'
 local covered = 0
 local manifest = redis.call('GET', KEYS[8])
@@ -144,7 +153,7 @@ if manifest then
   local fresh, record = string.match(manifest, '^%S+ %S+ %S+ (%d) (%d+)$')
   if fresh == '0' and tonumber(record) == since then covered = 1 end
 end
-return {continuous, last, redis.call('ZCARD', KEYS[1]), since, needed, first, trimmed, covered}
+return {continuous, last, redis.call('ZCARD', KEYS[1]), since, needed, kept, trimmed, covered}
 ",
         ]
         .concat(),
@@ -229,48 +238,39 @@ pub(super) struct Renewal {
     /// The fleet's snapshot holds those keys (published under the record
     /// by a member that held them).
     pub(super) snapshot_covers: bool,
-    /// The stream's first entry.
-    pub(super) first: StreamPosition,
+    /// Redis kept the record before this one, stream included: it began
+    /// anew on a restart, a failover or a clock step, not a loss.
+    pub(super) kept: bool,
     /// The newest entry trimmed from the stream (`START`: none).
     pub(super) trimmed: StreamPosition,
-}
-
-impl Renewal {
-    /// Whether the stream holds entries from before the record began: the
-    /// record began anew with Redis's data kept (a restart from a dump, a
-    /// failover), not lost.
-    pub(super) fn stream_predates_the_record(&self) -> bool {
-        self.first > StreamPosition::START && self.first.millis() < self.fleet_since
-    }
 }
 
 impl FleetSync {
     /// Renews this member's lease, publishing its position.
     pub(super) async fn renew(&self) -> Result<Renewal, FleetError> {
         let keys = &self.inner.keys;
-        let (position, epoch, fleet_since) = {
+        let (position, epoch, fleet_since, leased_in) = {
             let state = self.state();
-            (state.position, state.lease_epoch, state.fleet_since)
+            // Only a record this member renewed in can it mark as needing
+            // what preceded the next one.
+            let leased_in = state.fleet_since.filter(|_| state.record_confirmed);
+            (
+                state.position,
+                state.lease_epoch,
+                state.fleet_since,
+                leased_in,
+            )
         };
         let sent_at = Instant::now();
         let mut connection = self.inner.connection.get().await?;
-        type Reply = (
-            u8,
-            StreamPosition,
-            u64,
-            u64,
-            u8,
-            StreamPosition,
-            StreamPosition,
-            u8,
-        );
+        type Reply = (u8, StreamPosition, u64, u64, u8, u8, StreamPosition, u8);
         let reply: Result<Reply, _> = RENEW
             .key(&keys.leases)
             .key(&keys.applied)
             .key(&keys.since)
             .key(&keys.stream)
             .key(&keys.snapshot_needed)
-            .key(&keys.run_id)
+            .key(&keys.record)
             .key(&keys.trimmed)
             .key(&keys.manifest)
             .arg(&self.inner.member)
@@ -278,6 +278,7 @@ impl FleetSync {
             .arg(position)
             // A position in another record's stream is published as 0-0.
             .arg(fleet_since.unwrap_or(0))
+            .arg(leased_in.unwrap_or(0))
             .invoke_async(&mut connection)
             .await;
         // A renewal that failed may have run in Redis and found the lease
@@ -287,7 +288,7 @@ impl FleetSync {
             Ok(reply) => self.replicated(&mut connection).await.map(|()| reply),
             Err(error) => Err(error.into()),
         };
-        let (continuous, last, members, fleet_since, snapshot_needed, first, trimmed, covers) =
+        let (continuous, last, members, fleet_since, snapshot_needed, kept, trimmed, covers) =
             replicated.inspect_err(|_| {
                 self.state().lease_in_doubt = true;
             })?;
@@ -300,7 +301,7 @@ impl FleetSync {
             members,
             snapshot_needed: snapshot_needed == 1,
             snapshot_covers: covers == 1,
-            first,
+            kept: kept == 1,
             trimmed,
         })
     }
@@ -311,11 +312,14 @@ impl FleetSync {
     /// may have been set or deleted.
     pub(super) async fn refresh_record(&self) -> Result<(), FleetError> {
         let keys = &self.inner.keys;
-        let known = self.state().fleet_since;
+        let known = {
+            let state = self.state();
+            state.fleet_since.filter(|_| state.record_confirmed)
+        };
         let mut connection = self.inner.connection.get().await?;
         let (since, needed): (u64, u8) = RECORD
             .key(&keys.since)
-            .key(&keys.run_id)
+            .key(&keys.record)
             .key(&keys.snapshot_needed)
             .arg(known.unwrap_or(0))
             .invoke_async(&mut connection)
@@ -337,7 +341,7 @@ impl FleetSync {
         let mut connection = self.inner.connection.get().await?;
         let (grace_ms, fleet_since): (u64, u64) = GRACE
             .key(&self.inner.keys.since)
-            .key(&self.inner.keys.run_id)
+            .key(&self.inner.keys.record)
             .arg(self.inner.settings.lease.as_millis() as u64)
             .invoke_async(&mut connection)
             .await?;
@@ -383,7 +387,7 @@ impl FleetSync {
                 .key(&keys.leases)
                 .key(&keys.applied)
                 .key(&keys.since)
-                .key(&keys.run_id)
+                .key(&keys.record)
                 .arg(entry.millis())
                 .arg(entry.sequence())
                 .arg(self.inner.settings.lease.as_millis() as u64)

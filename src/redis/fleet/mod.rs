@@ -228,8 +228,9 @@ struct Keys {
     leases: String,
     applied: String,
     since: String,
-    /// The Redis run id the record in `since` began under.
-    run_id: String,
+    /// The Redis run id the record in `since` began under, and whether
+    /// Redis kept the record before it (a hash).
+    record: String,
     settings: String,
     manifest: String,
     snapshot_version: String,
@@ -250,7 +251,7 @@ impl Keys {
             leases: key("leases"),
             applied: key("applied"),
             since: key("since"),
-            run_id: key("since:run_id"),
+            record: key("since:record"),
             settings: key("settings"),
             manifest: key("snapshot"),
             snapshot_version: key("snapshot:version"),
@@ -783,7 +784,7 @@ impl FleetSync {
                     // lack what that record's end lost.
                     state.fresh_in = Some(renewal.fleet_since);
                 }
-                let kept = renewal.stream_predates_the_record();
+                let kept = renewal.kept;
                 state.position = if kept && state.position >= renewal.trimmed {
                     renewal.trimmed
                 } else {
@@ -798,7 +799,7 @@ impl FleetSync {
                 let target = state.catch_up_to.unwrap_or_default().max(renewal.last);
                 state.catch_up_to = Some(target);
             }
-            if lost_data && state.fenced && !renewal.stream_predates_the_record() {
+            if lost_data && state.fenced && !renewal.kept {
                 // Entries acknowledged without this member may be gone with
                 // Redis's data: only a snapshot or a rebuild has them. (Where
                 // the stream was kept, a restart or a failover, it replays
@@ -1027,26 +1028,25 @@ mod tests {
             members: 2,
             snapshot_needed: false,
             snapshot_covers: false,
-            first: StreamPosition::START,
+            kept: false,
             trimmed: StreamPosition::START,
         }
     }
 
     /// A record that began anew over a kept stream (a restart from a dump,
-    /// a failover) sends a member that was fenced back to replay the stream
-    /// from its start. Only a lost stream makes it recover: that needs a
-    /// snapshot, which through a failover that fenced every member none
-    /// could publish.
+    /// a failover, a clock step) sends a member that was fenced back to
+    /// replay the stream from where it was trimmed. Only a lost stream makes
+    /// it recover: that needs a snapshot, which through a failover that
+    /// fenced every member none could publish.
     #[test]
     fn a_fenced_member_replays_a_stream_kept_across_a_new_record() {
-        // The stream's first entry, the newest trimmed one, and where the
-        // member (at 100-0) replays from.
-        for (first, trimmed, recovers, from) in [
-            ("50-0", "0-0", false, "0-0"),
-            ("50-0", "40-0", false, "40-0"),
-            ("150-0", "140-0", false, "0-0"), // trimmed past it: `apply_next` recovers
-            ("0-0", "0-0", true, "0-0"),
-            ("3000-0", "0-0", true, "0-0"),
+        // Whether Redis kept the stream, the newest trimmed entry, and where
+        // the member (at 100-0) replays from.
+        for (kept, trimmed, recovers, from) in [
+            (true, "0-0", false, "0-0"),
+            (true, "40-0", false, "40-0"),
+            (true, "140-0", false, "0-0"), // trimmed past it: `apply_next` recovers
+            (false, "0-0", true, "0-0"),
         ] {
             let member = member();
             member.renewed(renewal(&member, true, 1));
@@ -1054,15 +1054,15 @@ mod tests {
             member.refresh_fence();
             assert!(member.guard().is_fenced());
             member.renewed(Renewal {
-                first: first.parse().unwrap(),
+                kept,
                 trimmed: trimmed.parse().unwrap(),
                 ..renewal(&member, false, 2_000)
             });
-            assert_eq!(member.state().recovering, recovers, "first entry {first}");
+            assert_eq!(member.state().recovering, recovers, "kept {kept}");
             assert_eq!(
                 member.state().position,
                 from.parse().unwrap(),
-                "{first} {trimmed}"
+                "{kept} {trimmed}"
             );
             assert!(member.guard().is_fenced());
         }

@@ -54,12 +54,14 @@ impl Manifest {
             position: fields.next()?.parse().ok()?,
             version: fields.next()?.parse().ok()?,
             chunks: fields.next()?.parse().ok()?,
-            fresh: match fields.next()? {
-                "0" => false,
-                "1" => true,
-                _ => return None,
+            // Without these (written before they were), it is taken for
+            // one that holds nothing from before its record.
+            fresh: match fields.next() {
+                Some("0") => false,
+                Some("1") | None => true,
+                Some(_) => return None,
             },
-            since: fields.next()?.parse().ok()?,
+            since: fields.next().map_or(Some(0), |since| since.parse().ok())?,
         };
         fields.next().is_none().then_some(manifest)
     }
@@ -180,7 +182,7 @@ impl FleetSync {
             .key(&keys.manifest)
             .key(&keys.since)
             .key(&keys.snapshot_needed)
-            .key(&keys.run_id)
+            .key(&keys.record)
             .arg(format!(
                 "{position} {version} {count} {} {}",
                 u8::from(fresh),
@@ -298,6 +300,9 @@ impl FleetSync {
         state.fenced = true;
         state.replacements += 1;
         state.fresh_in = fresh_in;
+        // Read with a plain `GET`: the next renewal says whether the record
+        // it belongs to still stands.
+        state.record_confirmed = false;
         // Replay from the snapshot, and do not answer before reaching where
         // this member had got to.
         let reached = state.position;
@@ -398,7 +403,9 @@ mod tests {
             "published before the record began"
         );
         assert!(!parse("5-0 7 2 1 1000").holds_what_preceded(Some(1000)));
-        assert!(Manifest::parse("5-0 7 2").is_none());
+        let older = parse("5-0 7 2");
+        assert!(older.fresh && !older.holds_what_preceded(Some(0)));
         assert!(Manifest::parse("5-0 7 2 2 1000").is_none());
+        assert!(Manifest::parse("5-0 7 2 0 1000 more").is_none());
     }
 }

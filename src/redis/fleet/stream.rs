@@ -159,7 +159,7 @@ impl FleetSync {
             .key(&self.inner.keys.stream)
             .key(&self.inner.keys.trimmed)
             .key(&self.inner.keys.since)
-            .key(&self.inner.keys.run_id)
+            .key(&self.inner.keys.record)
             .arg(&self.inner.member)
             .arg(u8::from(landed))
             .arg(self.inner.settings.stream_max_len)
@@ -384,7 +384,7 @@ impl FleetSync {
             let () = ANNOUNCE
                 .key(&keys.applied)
                 .key(&keys.since)
-                .key(&keys.run_id)
+                .key(&keys.record)
                 .arg(&self.inner.member)
                 .arg(position)
                 .arg(fleet_since.unwrap_or(0))
@@ -435,6 +435,7 @@ impl FleetSync {
             }
             match self.load_covering_snapshot(None).await {
                 Ok(Some(_)) => break,
+                Ok(None) if self.takes_the_new_stream().await => break,
                 Ok(None) => {}
                 Err(error) => tracing::warn!(%error, "fleet snapshot not loaded"),
             }
@@ -449,6 +450,23 @@ impl FleetSync {
             Ok(renewal) => self.renewed(renewal),
             Err(error) => tracing::debug!(%error, "lease not taken after recovering; retrying"),
         }
+    }
+
+    /// After a loss that no member can vouch for the keys from before of
+    /// (the mark deleted to accept that), with no snapshot to load and the
+    /// new stream whole: starts at its start, as a member joining then does.
+    async fn takes_the_new_stream(&self) -> bool {
+        if self.state().snapshot_needed {
+            return false;
+        }
+        if !matches!(self.trimmed_to().await, Ok(trimmed) if trimmed == StreamPosition::START) {
+            return false;
+        }
+        let mut state = self.state();
+        state.position = StreamPosition::START;
+        state.catch_up_to = None;
+        state.fresh_in = state.fleet_since;
+        true
     }
 
     /// Moves to the stream's end and rebuilds the guard from its source.

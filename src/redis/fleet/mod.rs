@@ -58,9 +58,11 @@
 //!   none of those keys: it recovers (fenced) from that snapshot, or from a
 //!   rebuild of its own source. A member from before that does not renew
 //!   within the new record's first lease (stalled) is not known to the
-//!   ones that join meanwhile; one whose lease had lapsed when Redis
-//!   restarted from an older dump replays the kept stream, which lacks what
-//!   was appended after the dump and acknowledged without it.
+//!   ones that join meanwhile; one whose lease had lapsed, or that was
+//!   still catching up, when Redis restarted from an older dump replays the
+//!   kept stream, which lacks what was appended after the dump and
+//!   acknowledged without it. A failover back to a master that never
+//!   resynced keeps its run id, and is not noticed.
 //! - **One configuration per fleet.** The first member records the settings
 //!   that must agree (seed, size, rate, lifecycle, write settle, lease) under
 //!   `{name}:settings`; a member configured otherwise refuses to join with

@@ -69,6 +69,10 @@
 //!   [`FleetError::SettingsDiffer`].
 //!
 //! **What the fleet does not cover.**
+//! - A Redis that evicts keys it holds without a TTL (`maxmemory-policy`
+//!   `allkeys-*`) may evict a lease or the record, and cost a member
+//!   acknowledged inserts: a member warns at join when it can read the
+//!   policy. Use `noeviction`, or a `volatile-*` policy.
 //! - Keys inserted with [`Guard::insert`] alone reach no other member, and a
 //!   member that replaces its set from a snapshot forgets them: in a fleet,
 //!   write through the `FleetSync`.
@@ -669,6 +673,7 @@ impl FleetSync {
     /// takes the first lease.
     async fn enter(&self) -> Result<(), FleetError> {
         self.check_settings().await?;
+        self.warn_if_keys_may_be_evicted().await;
         // A fleet record younger than a lease (a new fleet, or a Redis that
         // lost its data) holds every write for the rest of that lease: wait
         // it out here rather than in the first writes, and before choosing
@@ -709,6 +714,33 @@ impl FleetSync {
         let renewal = self.renew().await?;
         self.renewed(renewal);
         Ok(())
+    }
+
+    /// Warns when Redis may evict any key: the fleet's leases, record and
+    /// trim mark are what keep its contract (an evicted lease lets writers
+    /// count its member out). Skipped where `CONFIG` is denied.
+    async fn warn_if_keys_may_be_evicted(&self) {
+        let policy: Result<Vec<String>, FleetError> = async {
+            let mut connection = self.inner.connection.get().await?;
+            Ok(redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("maxmemory-policy")
+                .query_async(&mut connection)
+                .await?)
+        }
+        .await;
+        match policy {
+            Ok(reply) if reply.iter().any(|value| value.starts_with("allkeys")) => {
+                tracing::warn!(
+                    policy = %reply.join(" "),
+                    "Redis may evict the fleet's keys (maxmemory-policy allkeys-*): an evicted \
+                     lease or record can cost a member acknowledged inserts; use noeviction or \
+                     a volatile-* policy"
+                );
+            }
+            Ok(_) => {}
+            Err(error) => tracing::debug!(%error, "maxmemory-policy not read"),
+        }
     }
 
     async fn check_settings(&self) -> Result<(), FleetError> {

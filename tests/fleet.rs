@@ -530,6 +530,61 @@ async fn a_record_from_redis_future_does_not_hold_joins_and_writes() {
     );
 }
 
+/// A loss, then a failover (or a restart, or a clock step) before a member
+/// whose lease had lapsed renews: the stream it finds is kept from the
+/// record of the loss, not from the member's own. It used to be told only
+/// of the last change (kept), replayed the new stream and lacked what was
+/// acknowledged without it before the loss; it recovers from a snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_lapsed_across_a_loss_and_a_failover_recovers() {
+    let BehindAProxy {
+        server,
+        proxy,
+        a,
+        b,
+    } = behind_a_proxy("twice", |builder| builder).await;
+    stall_until_fenced(&proxy, &b).await;
+    a.fleet
+        .insert_then_write("while-b-lapsed", async {})
+        .await
+        .unwrap();
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+    wait_until("`a` to mark the record after the loss", || {
+        redis::cmd("EXISTS")
+            .arg("{twice}:snapshot:needed")
+            .query::<bool>(&mut connection)
+            .unwrap()
+    })
+    .await;
+    let since_after_the_loss: u64 = redis::cmd("GET")
+        .arg("{twice}:since")
+        .query(&mut connection)
+        .unwrap();
+    // As after a failover: the record began under another process.
+    let () = redis::cmd("HSET")
+        .arg("{twice}:since:record")
+        .arg("run")
+        .arg("another")
+        .query(&mut connection)
+        .unwrap();
+    wait_until("a record after the failover", || {
+        redis::cmd("GET")
+            .arg("{twice}:since")
+            .query::<u64>(&mut connection)
+            .unwrap()
+            != since_after_the_loss
+    })
+    .await;
+    proxy.resume();
+    caught_up(&b).await;
+    assert_ne!(
+        b.guard().check("while-b-lapsed"),
+        Verdict::Absent,
+        "acknowledged without `b` before the loss"
+    );
+}
+
 /// A member that found no snapshot holding the keys from before Redis lost
 /// its data recovers however late it renews: the mark used to be cleared
 /// by the first such snapshot, and a member that looked for one just
@@ -603,7 +658,10 @@ async fn deleting_the_mark_lets_a_recovering_member_take_the_new_stream() {
         .query(&mut connection)
         .unwrap();
     caught_up(&b).await;
-    b.fleet.insert_then_write("after", async {}).await.unwrap();
+    // `b` applies the new stream: a write another member makes reaches it.
+    let c = join(guard("c"), server.client(), "accept").await;
+    c.fleet.insert_then_write("after", async {}).await.unwrap();
+    caught_up(&b).await;
     assert_eq!(b.guard().check("after"), Verdict::MaybePresent);
 }
 

@@ -49,9 +49,11 @@ use crate::error::FleetError;
 /// may have loaded an older dump, or a failover to a replica that may lack
 /// writes), or when it lies in Redis's future (its clock stepped back:
 /// writers would wait out the record's first lease until it caught up).
-/// `record_key` (a hash) keeps that run id, and whether Redis kept the
-/// record before, stream included (all but a loss), for `record_kept`:
-/// entry ids say nothing certain of it, since clocks step and differ.
+/// `record_key` (a hash) keeps that run id, and when the stream Redis holds
+/// began (the record of the last loss: kept through restarts, failovers and
+/// clock steps), for `record_kept(record_key, known)`: whether the stream
+/// holds everything since the record `known` (a member's) began. Entry ids
+/// say nothing certain of it, since clocks step and differ.
 pub(super) const RECORD_SINCE: &str = r"
 local function record_since(since_key, record_key)
   local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
@@ -59,16 +61,18 @@ local function record_since(since_key, record_key)
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local since = tonumber(redis.call('GET', since_key))
   if not since or since > now or redis.call('HGET', record_key, 'run') ~= run then
-    local kept = 0
-    if since then kept = 1 end
+    -- Kept: from the record the stream began in (0: unknown, before any).
+    local stream = now
+    if since then stream = tonumber(redis.call('HGET', record_key, 'stream')) or 0 end
     since = now
     redis.call('SET', since_key, since)
-    redis.call('HSET', record_key, 'run', run, 'kept', kept)
+    redis.call('HSET', record_key, 'run', run, 'stream', stream)
   end
   return since
 end
-local function record_kept(record_key)
-  return redis.call('HGET', record_key, 'kept') == '1'
+local function record_kept(record_key, known)
+  local stream = tonumber(redis.call('HGET', record_key, 'stream')) or 0
+  return tonumber(known) ~= 0 and tonumber(known) >= stream
 end
 -- Whether the record `since` needs the keys from before it from a
 -- snapshot; a member that knew an earlier record (`known`, 0: none) marks
@@ -82,8 +86,11 @@ end
 ";
 
 /// The record as a member that does not renew sees it (recovering):
-/// `{since, needed}` (`KEYS`: since, its run id, the mark; `ARGV[1]`: the
-/// record the member knew, which it marks as the renewal does).
+/// `{since, needed, aged}` (`KEYS`: since, the record hash, the mark;
+/// `ARGV[1]`: the record the member renewed in, which it marks as the
+/// renewal does; `ARGV[2]`: the lease): whether the record is marked, and
+/// whether it is a lease old (every member from before that renews has
+/// marked it by then).
 static RECORD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
@@ -92,7 +99,11 @@ static RECORD: LazyLock<Script> = LazyLock::new(|| {
 local since = record_since(KEYS[1], KEYS[2])
 local needed = 0
 if snapshot_needed(KEYS[3], ARGV[1], since) then needed = 1 end
-return {since, needed}
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local aged = 0
+if now >= since + tonumber(ARGV[2]) then aged = 1 end
+return {since, needed, aged}
 ",
         ]
         .concat(),
@@ -110,7 +121,8 @@ return {since, needed}
 /// whether the lease it held was still live in Redis, the stream's last
 /// entry id, how many members hold live leases now, when the fleet's record
 /// began (which changes when Redis lost the fleet's data or restarted),
-/// whether the record is marked, whether Redis kept the record before it,
+/// whether the record is marked, whether the stream holds everything since
+/// the member's record (`ARGV[4]`) began,
 /// the newest entry trimmed from the stream, and whether the snapshot in
 /// `KEYS[8]` holds what preceded the record. Drops lapsed members on the
 /// way.
@@ -145,7 +157,7 @@ local last = '0-0'
 local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
 if newest[1] then last = newest[1][1] end
 local kept = 0
-if record_kept(KEYS[6]) then kept = 1 end
+if record_kept(KEYS[6], ARGV[4]) then kept = 1 end
 local trimmed = redis.call('GET', KEYS[7]) or '0-0'
 local covered = 0
 local manifest = redis.call('GET', KEYS[8])
@@ -251,14 +263,11 @@ impl FleetSync {
         let keys = &self.inner.keys;
         let (position, epoch, fleet_since, leased_in) = {
             let state = self.state();
-            // Only a record this member renewed in can it mark as needing
-            // what preceded the next one.
-            let leased_in = state.fleet_since.filter(|_| state.record_confirmed);
             (
                 state.position,
                 state.lease_epoch,
                 state.fleet_since,
-                leased_in,
+                state.leased_in,
             )
         };
         let sent_at = Instant::now();
@@ -310,18 +319,20 @@ impl FleetSync {
     /// gave its lease up): a record begun anew since sends this member to
     /// its stream's start with nothing certain from before it, and the mark
     /// may have been set or deleted.
-    pub(super) async fn refresh_record(&self) -> Result<(), FleetError> {
+    ///
+    /// Returns whether the record is unmarked and a lease old: every member
+    /// from before that renews has marked it by then, so no member holds
+    /// keys from before it that the fleet still wants.
+    pub(super) async fn refresh_record(&self) -> Result<bool, FleetError> {
         let keys = &self.inner.keys;
-        let known = {
-            let state = self.state();
-            state.fleet_since.filter(|_| state.record_confirmed)
-        };
+        let known = self.state().leased_in;
         let mut connection = self.inner.connection.get().await?;
-        let (since, needed): (u64, u8) = RECORD
+        let (since, needed, aged): (u64, u8, u8) = RECORD
             .key(&keys.since)
             .key(&keys.record)
             .key(&keys.snapshot_needed)
             .arg(known.unwrap_or(0))
+            .arg(self.inner.settings.lease.as_millis() as u64)
             .invoke_async(&mut connection)
             .await?;
         let mut state = self.state();
@@ -333,7 +344,7 @@ impl FleetSync {
             state.fresh_in = Some(since);
         }
         state.snapshot_needed = needed == 1;
-        Ok(())
+        Ok(needed == 0 && aged == 1)
     }
 
     /// How long writers still wait out the fleet record's first lease.

@@ -322,6 +322,9 @@ struct MemberState {
     /// position (and `fresh_in`) under: one that finds another at once
     /// says its set holds nothing certain of either.
     record_confirmed: bool,
+    /// The record this member last renewed in: only such a member marks
+    /// the next one as needing what preceded it.
+    leased_in: Option<u64>,
     /// Times a renewal found the record new and sent this member back to
     /// the start of the new stream: a read begun before one is not applied
     /// as a position, even where the position looks unchanged.
@@ -686,6 +689,7 @@ impl FleetSync {
             let mut state = self.state();
             state.fleet_since = Some(fleet_since);
             state.record_confirmed = false;
+            state.leased_in = None;
         }
         tokio::time::sleep(grace).await;
         let snapshot = match self.load_covering_snapshot(None).await {
@@ -849,6 +853,7 @@ impl FleetSync {
                 state.recovering = true;
             }
             state.record_confirmed = true;
+            state.leased_in = Some(renewal.fleet_since);
             let publish = lost_data
                 || (renewal.snapshot_needed && !renewal.snapshot_covers && !lacks_what_is_needed);
             if lost_data {

@@ -430,12 +430,13 @@ impl FleetSync {
         self.withdraw().await;
         loop {
             let published = self.inner.snapshot_published.notified();
-            if let Err(error) = self.refresh_record().await {
+            let unwanted_and_aged = self.refresh_record().await.unwrap_or_else(|error| {
                 tracing::debug!(%error, "fleet record not read; trying the snapshot anyway");
-            }
+                false
+            });
             match self.load_covering_snapshot(None).await {
                 Ok(Some(_)) => break,
-                Ok(None) if self.takes_the_new_stream().await => break,
+                Ok(None) if unwanted_and_aged && self.takes_the_new_stream().await => break,
                 Ok(None) => {}
                 Err(error) => tracing::warn!(%error, "fleet snapshot not loaded"),
             }
@@ -455,10 +456,9 @@ impl FleetSync {
     /// After a loss that no member can vouch for the keys from before of
     /// (the mark deleted to accept that), with no snapshot to load and the
     /// new stream whole: starts at its start, as a member joining then does.
+    /// Only once the record is unmarked a lease after it began (see
+    /// `refresh_record`).
     async fn takes_the_new_stream(&self) -> bool {
-        if self.state().snapshot_needed {
-            return false;
-        }
         if !matches!(self.trimmed_to().await, Ok(trimmed) if trimmed == StreamPosition::START) {
             return false;
         }

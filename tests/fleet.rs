@@ -653,6 +653,27 @@ async fn deleting_the_mark_lets_a_recovering_member_take_the_new_stream() {
     })
     .await;
     assert!(b.guard().is_fenced());
+    // A restart while `b` recovers begins another record, which `b` marks
+    // once: it marked it again at every look for a snapshot, undoing the
+    // deletion below.
+    let since: u64 = redis::cmd("GET")
+        .arg("{accept}:since")
+        .query(&mut connection)
+        .unwrap();
+    let () = redis::cmd("HSET")
+        .arg("{accept}:since:record")
+        .arg("run")
+        .arg("another")
+        .query(&mut connection)
+        .unwrap();
+    wait_until("`b` to mark the record after the restart", || {
+        let marked: Option<u64> = redis::cmd("GET")
+            .arg("{accept}:snapshot:needed")
+            .query(&mut connection)
+            .unwrap();
+        marked.is_some_and(|marked| marked != since)
+    })
+    .await;
     let () = redis::cmd("DEL")
         .arg("{accept}:snapshot:needed")
         .query(&mut connection)

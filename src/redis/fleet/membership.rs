@@ -49,11 +49,12 @@ use crate::error::FleetError;
 /// may have loaded an older dump, or a failover to a replica that may lack
 /// writes), or when it lies in Redis's future (its clock stepped back:
 /// writers would wait out the record's first lease until it caught up).
-/// `record_key` (a hash) keeps that run id, and when the stream Redis holds
-/// began (the record of the last loss: kept through restarts, failovers and
-/// clock steps), for `record_kept(record_key, known)`: whether the stream
-/// holds everything since the record `known` (a member's) began. Entry ids
-/// say nothing certain of it, since clocks step and differ.
+/// `record_key` (a hash) keeps that run id, and a field `r{since}` for each
+/// record since the last loss (restarts, failovers and clock steps keep the
+/// stream; a loss starts the list over), for
+/// `record_kept(record_key, known)`: whether the stream holds everything
+/// since the record `known` (a member's) began. Records are told apart by
+/// name, not by order, and not by entry ids: clocks step and differ.
 pub(super) const RECORD_SINCE: &str = r"
 local function record_since(since_key, record_key)
   local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
@@ -61,18 +62,20 @@ local function record_since(since_key, record_key)
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local since = tonumber(redis.call('GET', since_key))
   if not since or since > now or redis.call('HGET', record_key, 'run') ~= run then
-    -- Kept: from the record the stream began in (0: unknown, before any).
-    local stream = now
-    if since then stream = tonumber(redis.call('HGET', record_key, 'stream')) or 0 end
+    if not since then
+      redis.call('DEL', record_key)
+    elseif redis.call('EXISTS', record_key) == 0 then
+      -- Written before records were listed: taken as kept.
+      redis.call('HSET', record_key, 'r' .. since, 1)
+    end
     since = now
     redis.call('SET', since_key, since)
-    redis.call('HSET', record_key, 'run', run, 'stream', stream)
+    redis.call('HSET', record_key, 'run', run, 'r' .. since, 1)
   end
   return since
 end
 local function record_kept(record_key, known)
-  local stream = tonumber(redis.call('HGET', record_key, 'stream')) or 0
-  return tonumber(known) ~= 0 and tonumber(known) >= stream
+  return redis.call('HEXISTS', record_key, 'r' .. known) == 1
 end
 -- Whether the record `since` needs the keys from before it from a
 -- snapshot; a member that knew an earlier record (`known`, 0: none) marks
@@ -250,8 +253,9 @@ pub(super) struct Renewal {
     /// The fleet's snapshot holds those keys (published under the record
     /// by a member that held them).
     pub(super) snapshot_covers: bool,
-    /// Redis kept the record before this one, stream included: it began
-    /// anew on a restart, a failover or a clock step, not a loss.
+    /// The stream holds everything since the member's record began: every
+    /// record since was begun by a restart, a failover or a clock step,
+    /// none by a loss.
     pub(super) kept: bool,
     /// The newest entry trimmed from the stream (`START`: none).
     pub(super) trimmed: StreamPosition,
@@ -336,6 +340,10 @@ impl FleetSync {
             .invoke_async(&mut connection)
             .await?;
         let mut state = self.state();
+        if known.is_some() {
+            // Marked, if it was to be: once a record is enough.
+            state.leased_in = Some(since);
+        }
         if state.fleet_since != Some(since) {
             state.fleet_since = Some(since);
             state.stream_resets += 1;

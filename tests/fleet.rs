@@ -1129,6 +1129,24 @@ impl bloomguard::KeySource for FailsWhenTold {
     }
 }
 
+/// Guard `a` over `source`, whose maintenance rebuilds every 100 ms and,
+/// after a failure, waits a minute: one failed rebuild in a test's time.
+fn rebuilding_often(source: Arc<impl bloomguard::KeySource>) -> Guard {
+    Guard::builder()
+        .name("a")
+        .expected_items(1_000)
+        .seed(0xf1ee7)
+        .source(source)
+        .rebuild_policy(
+            RebuildPolicy::default()
+                .every(Duration::from_millis(100))
+                .retry_backoff(Duration::from_secs(60), Duration::from_secs(60)),
+        )
+        .maintenance_interval(Duration::from_millis(20))
+        .build()
+        .unwrap()
+}
+
 /// The fleet's rebuild turn is given back however the rebuild ends: a
 /// failed one used to keep it for the whole rebuild timeout (10 minutes by
 /// default), and no member rebuilt meanwhile.
@@ -1138,19 +1156,7 @@ async fn a_failed_rebuild_gives_the_fleets_rebuild_turn_back() {
     let source = Arc::new(FailsWhenTold {
         failing: std::sync::atomic::AtomicBool::new(false),
     });
-    let guard = Guard::builder()
-        .name("a")
-        .expected_items(1_000)
-        .seed(0xf1ee7)
-        .source(Arc::clone(&source))
-        .rebuild_policy(
-            RebuildPolicy::default()
-                .every(Duration::from_millis(100))
-                .retry_backoff(Duration::from_secs(60), Duration::from_secs(60)),
-        )
-        .maintenance_interval(Duration::from_millis(20))
-        .build()
-        .unwrap();
+    let guard = rebuilding_often(Arc::clone(&source));
     guard.rebuild().await.unwrap();
     let a = join(guard, server.client(), "turn").await;
     caught_up(&a).await;
@@ -1246,19 +1252,7 @@ fn shutting_maintenance_down_gives_the_rebuild_turn_back_first() {
         failing: std::sync::atomic::AtomicBool::new(false),
         failed: std::sync::atomic::AtomicBool::new(false),
     });
-    let guard = Guard::builder()
-        .name("a")
-        .expected_items(1_000)
-        .seed(0xf1ee7)
-        .source(Arc::clone(&source))
-        .rebuild_policy(
-            RebuildPolicy::default()
-                .every(Duration::from_millis(100))
-                .retry_backoff(Duration::from_secs(60), Duration::from_secs(60)),
-        )
-        .maintenance_interval(Duration::from_millis(20))
-        .build()
-        .unwrap();
+    let guard = rebuilding_often(Arc::clone(&source));
     let member_runtime = tokio::runtime::Runtime::new().unwrap();
     let resumed = member_runtime.block_on(async {
         guard.rebuild().await.unwrap();

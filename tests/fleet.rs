@@ -585,6 +585,59 @@ async fn a_member_lapsed_across_a_loss_and_a_failover_recovers() {
     );
 }
 
+/// A member whose lease had lapsed when Redis restarted from an older dump
+/// (or failed over to a replica that lacked the last writes) finds its
+/// record kept, but the stream without what was acknowledged without it.
+/// It used to replay that stream and answer Absent; it now counts as
+/// starting afresh, and recovers from the snapshot of a member that was
+/// caught up (which marks the record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_lapsed_when_redis_restarted_from_an_older_dump_recovers() {
+    let BehindAProxy {
+        server,
+        proxy,
+        a,
+        b,
+    } = behind_a_proxy("dumped", |builder| builder).await;
+    stall_until_fenced(&proxy, &b).await;
+    a.fleet
+        .insert_then_write("after-the-dump", async {})
+        .await
+        .unwrap();
+    // As after a restart from a dump taken before that write: its entry is
+    // gone, and the record begins anew under another process.
+    let mut connection = server.client().get_connection().unwrap();
+    type Entries = Vec<(String, Vec<(String, Vec<u8>)>)>;
+    let newest: Entries = redis::cmd("XREVRANGE")
+        .arg("{dumped}:inserts")
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query(&mut connection)
+        .unwrap();
+    let () = redis::pipe()
+        .atomic()
+        .cmd("XDEL")
+        .arg("{dumped}:inserts")
+        .arg(&newest[0].0)
+        .ignore()
+        .cmd("HSET")
+        .arg("{dumped}:since:record")
+        .arg("run")
+        .arg("another")
+        .ignore()
+        .query(&mut connection)
+        .unwrap();
+    proxy.resume();
+    caught_up(&b).await;
+    assert_ne!(
+        b.guard().check("after-the-dump"),
+        Verdict::Absent,
+        "acknowledged without `b`, and gone from the stream"
+    );
+}
+
 /// A member that found no snapshot holding the keys from before Redis lost
 /// its data recovers however late it renews: the mark used to be cleared
 /// by the first such snapshot, and a member that looked for one just
@@ -653,9 +706,9 @@ async fn deleting_the_mark_lets_a_recovering_member_take_the_new_stream() {
     })
     .await;
     assert!(b.guard().is_fenced());
-    // A restart while `b` recovers begins another record, which `b` marks
-    // once: it marked it again at every look for a snapshot, undoing the
-    // deletion below.
+    // A restart while `b` recovers begins another record, which keeps the
+    // mark (and `b` marks no record twice: it marked it again at every look
+    // for a snapshot, undoing the deletion below).
     let since: u64 = redis::cmd("GET")
         .arg("{accept}:since")
         .query(&mut connection)
@@ -666,7 +719,7 @@ async fn deleting_the_mark_lets_a_recovering_member_take_the_new_stream() {
         .arg("another")
         .query(&mut connection)
         .unwrap();
-    wait_until("`b` to mark the record after the restart", || {
+    wait_until("the mark to name the record after the restart", || {
         let marked: Option<u64> = redis::cmd("GET")
             .arg("{accept}:snapshot:needed")
             .query(&mut connection)

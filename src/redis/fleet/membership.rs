@@ -64,7 +64,7 @@ local function record_since(since_key, record_key)
   if not since or since > now or redis.call('HGET', record_key, 'run') ~= run then
     if not since then
       redis.call('DEL', record_key)
-    elseif redis.call('EXISTS', record_key) == 0 then
+    elseif redis.call('HEXISTS', record_key, 'r' .. since) == 0 then
       -- Written before records were listed: taken as kept.
       redis.call('HSET', record_key, 'r' .. since, 1)
     end
@@ -80,7 +80,13 @@ end
 -- Whether the record `since` needs the keys from before it from a
 -- snapshot; a member that knew an earlier record (`known`, 0: none) marks
 -- it so first.
-local function snapshot_needed(needed_key, known, since)
+local function snapshot_needed(needed_key, record_key, known, since)
+  local marked = redis.call('GET', needed_key)
+  if marked and tonumber(marked) ~= since
+    and redis.call('HEXISTS', record_key, 'r' .. marked) == 1 then
+    -- The marked record's stream goes on in this one, and so does its need.
+    redis.call('SET', needed_key, since)
+  end
   if tonumber(known) ~= 0 and tonumber(known) ~= since then
     redis.call('SET', needed_key, since)
   end
@@ -90,8 +96,9 @@ end
 
 /// The record as a member that does not renew sees it (recovering):
 /// `{since, needed, aged}` (`KEYS`: since, the record hash, the mark;
-/// `ARGV[1]`: the record the member renewed in, which it marks as the
-/// renewal does; `ARGV[2]`: the lease): whether the record is marked, and
+/// `ARGV[1]`: the record the member renewed in, which it marks as a renewal
+/// of a member that is not caught up does; `ARGV[2]`: the lease): whether
+/// the record is marked, and
 /// whether it is a lease old (every member from before that renews has
 /// marked it by then).
 static RECORD: LazyLock<Script> = LazyLock::new(|| {
@@ -100,8 +107,10 @@ static RECORD: LazyLock<Script> = LazyLock::new(|| {
             RECORD_SINCE,
             r"
 local since = record_since(KEYS[1], KEYS[2])
+local marks = ARGV[1]
+if record_kept(KEYS[2], ARGV[1]) then marks = 0 end
 local needed = 0
-if snapshot_needed(KEYS[3], ARGV[1], since) then needed = 1 end
+if snapshot_needed(KEYS[3], KEYS[2], marks, since) then needed = 1 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local aged = 0
@@ -119,7 +128,10 @@ return {since, needed, aged}
 /// data has a new stream, which the old position says nothing of.
 /// A member from before such a loss (`ARGV[5]`, the record it held a lease
 /// in; 0: none) marks `KEYS[5]` with the record: a snapshot holding what
-/// preceded it is needed, for as long as the record lasts. Returns
+/// preceded it is needed, for as long as the record lasts. Where Redis kept
+/// the stream, only a member that was caught up (`ARGV[6]` = 1) marks: one
+/// whose lease had lapsed vouches for nothing, and through a failover that
+/// lapsed every lease nobody has to. Returns
 /// `{continuous, last, members, since, needed, kept, trimmed, covered}`:
 /// whether the lease it held was still live in Redis, the stream's last
 /// entry id, how many members hold live leases now, when the fleet's record
@@ -152,15 +164,17 @@ end
 redis.call('ZADD', KEYS[1], lease_end, ARGV[1])
 local applied = ARGV[3]
 if tonumber(ARGV[4]) ~= since then applied = '0-0' end
+local kept = 0
+if record_kept(KEYS[6], ARGV[4]) then kept = 1 end
 -- A member from before: the keys acknowledged then are in its set only.
+local marks = ARGV[5]
+if kept == 1 and ARGV[6] ~= '1' then marks = 0 end
 local needed = 0
-if snapshot_needed(KEYS[5], ARGV[5], since) then needed = 1 end
+if snapshot_needed(KEYS[5], KEYS[6], marks, since) then needed = 1 end
 redis.call('HSET', KEYS[2], ARGV[1], applied)
 local last = '0-0'
 local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
 if newest[1] then last = newest[1][1] end
-local kept = 0
-if record_kept(KEYS[6], ARGV[4]) then kept = 1 end
 local trimmed = redis.call('GET', KEYS[7]) or '0-0'
 local covered = 0
 local manifest = redis.call('GET', KEYS[8])
@@ -253,9 +267,10 @@ pub(super) struct Renewal {
     /// The fleet's snapshot holds those keys (published under the record
     /// by a member that held them).
     pub(super) snapshot_covers: bool,
-    /// The stream holds everything since the member's record began: every
-    /// record since was begun by a restart, a failover or a clock step,
-    /// none by a loss.
+    /// Every record since the member's was begun by a restart, a failover
+    /// or a clock step, none by a loss: Redis kept the stream (though a
+    /// restart from an older dump or a failover to a replica that lacked
+    /// the last writes may have lost its end).
     pub(super) kept: bool,
     /// The newest entry trimmed from the stream (`START`: none).
     pub(super) trimmed: StreamPosition,
@@ -265,13 +280,14 @@ impl FleetSync {
     /// Renews this member's lease, publishing its position.
     pub(super) async fn renew(&self) -> Result<Renewal, FleetError> {
         let keys = &self.inner.keys;
-        let (position, epoch, fleet_since, leased_in) = {
+        let (position, epoch, fleet_since, leased_in, caught_up) = {
             let state = self.state();
             (
                 state.position,
                 state.lease_epoch,
                 state.fleet_since,
                 state.leased_in,
+                !state.fenced,
             )
         };
         let sent_at = Instant::now();
@@ -292,6 +308,7 @@ impl FleetSync {
             // A position in another record's stream is published as 0-0.
             .arg(fleet_since.unwrap_or(0))
             .arg(leased_in.unwrap_or(0))
+            .arg(u8::from(caught_up))
             .invoke_async(&mut connection)
             .await;
         // A renewal that failed may have run in Redis and found the lease

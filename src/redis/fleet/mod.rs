@@ -58,11 +58,14 @@
 //!   none of those keys: it recovers (fenced) from that snapshot, or from a
 //!   rebuild of its own source. A member from before that does not renew
 //!   within the new record's first lease (stalled) is not known to the
-//!   ones that join meanwhile; one whose lease had lapsed, or that was
-//!   still catching up, when Redis restarted from an older dump replays the
-//!   kept stream, which lacks what was appended after the dump and
-//!   acknowledged without it. A failover back to a master that never
-//!   resynced keeps its run id, and is not noticed.
+//!   ones that join meanwhile. A member that was fenced when the record
+//!   began anew counts as starting afresh, and stays fenced until a
+//!   renewal a lease later says whether the record is marked; over a kept
+//!   stream only members that were caught up mark it. So after a restart
+//!   from an older dump, what a lapsed member lacks comes from a caught-up
+//!   member's snapshot; if no member was caught up (Redis down for longer
+//!   than a lease), the kept stream is all there is. A failover back to a
+//!   master that never resynced keeps its run id, and is not noticed.
 //! - **One configuration per fleet.** The first member records the settings
 //!   that must agree (seed, size, rate, lifecycle, write settle, lease) under
 //!   `{name}:settings`; a member configured otherwise refuses to join with
@@ -234,8 +237,8 @@ struct Keys {
     leases: String,
     applied: String,
     since: String,
-    /// The Redis run id the record in `since` began under, and whether
-    /// Redis kept the record before it (a hash).
+    /// The Redis run id the record in `since` began under, and the records
+    /// since the last loss (a hash).
     record: String,
     settings: String,
     manifest: String,
@@ -325,6 +328,10 @@ struct MemberState {
     /// The record this member last renewed in: only such a member marks
     /// the next one as needing what preceded it.
     leased_in: Option<u64>,
+    /// Made fresh by a record that began anew: fenced until a renewal sent
+    /// after this says whether the record is marked (every member from
+    /// before that renews, and was caught up, has marked it by then).
+    fresh_until_renewed_after: Option<Instant>,
     /// Times a renewal found the record new and sent this member back to
     /// the start of the new stream: a read begun before one is not applied
     /// as a position, even where the position looks unchanged.
@@ -343,7 +350,10 @@ struct MemberState {
 
 impl MemberState {
     fn must_fence(&self, now: Instant) -> bool {
-        self.fence_at.is_none_or(|at| now >= at) || self.catch_up_to.is_some() || self.recovering
+        self.fence_at.is_none_or(|at| now >= at)
+            || self.catch_up_to.is_some()
+            || self.recovering
+            || self.fresh_until_renewed_after.is_some()
     }
 }
 
@@ -690,6 +700,7 @@ impl FleetSync {
             state.fleet_since = Some(fleet_since);
             state.record_confirmed = false;
             state.leased_in = None;
+            state.fresh_until_renewed_after = None;
         }
         tokio::time::sleep(grace).await;
         let snapshot = match self.load_covering_snapshot(None).await {
@@ -816,11 +827,14 @@ impl FleetSync {
                 // member had got that far; from its start otherwise, which
                 // past a trim is a recovery. The consumer notices the move
                 // (`apply_next`); targets in the old stream are gone with it.
-                if !state.record_confirmed {
-                    // Joined under the record before, and never saw it
-                    // confirmed: whatever it loaded or replayed there may
-                    // lack what that record's end lost.
+                if !state.record_confirmed || state.fenced {
+                    // Joined under the record before and never saw it
+                    // confirmed, or fenced (its lease lapsed, or it was
+                    // catching up): whatever it holds of that record may
+                    // lack what its end lost, a restart from an older dump
+                    // or a failover to a replica that lacked the last writes.
                     state.fresh_in = Some(renewal.fleet_since);
+                    state.fresh_until_renewed_after = Some(renewal.sent_at + lease);
                 }
                 let kept = renewal.kept;
                 state.position = if kept && state.position >= renewal.trimmed {
@@ -843,6 +857,12 @@ impl FleetSync {
                 // the stream was kept, a restart or a failover, it replays
                 // the stream from its start.)
                 state.recovering = true;
+            }
+            if state
+                .fresh_until_renewed_after
+                .is_some_and(|after| renewal.sent_at >= after)
+            {
+                state.fresh_until_renewed_after = None;
             }
             state.snapshot_needed = renewal.snapshot_needed;
             let lacks_what_is_needed =

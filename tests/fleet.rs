@@ -95,6 +95,17 @@ async fn stall_until_fenced(proxy: &TcpProxy, member: &Member) {
     .await;
 }
 
+/// Has the fleet's record say it began under another Redis process, as after
+/// a failover: the next script to read the record begins a new one.
+fn as_after_a_failover(connection: &mut redis::Connection, fleet: &str) {
+    let () = redis::cmd("HSET")
+        .arg(format!("{{{fleet}}}:since:record"))
+        .arg("run")
+        .arg("another")
+        .query(connection)
+        .unwrap();
+}
+
 /// Waits until the member is caught up (not fenced).
 async fn caught_up(member: &Member) {
     wait_until("the member to catch up", || !member.guard().is_fenced()).await;
@@ -561,13 +572,7 @@ async fn a_member_lapsed_across_a_loss_and_a_failover_recovers() {
         .arg("{twice}:since")
         .query(&mut connection)
         .unwrap();
-    // As after a failover: the record began under another process.
-    let () = redis::cmd("HSET")
-        .arg("{twice}:since:record")
-        .arg("run")
-        .arg("another")
-        .query(&mut connection)
-        .unwrap();
+    as_after_a_failover(&mut connection, "twice");
     wait_until("a record after the failover", || {
         redis::cmd("GET")
             .arg("{twice}:since")
@@ -744,13 +749,7 @@ async fn members_replay_a_trimmed_stream_kept_across_a_new_record() {
             .unwrap();
         assert!(trimmed.is_some(), "the stream was trimmed");
         if change == "run id" {
-            // As after a failover: the record began under another process.
-            let () = redis::cmd("HSET")
-                .arg(format!("{{{fleet}}}:since:record"))
-                .arg("run")
-                .arg("another")
-                .query(&mut connection)
-                .unwrap();
+            as_after_a_failover(&mut connection, &fleet);
         } else {
             // As after Redis's clock stepped back an hour.
             let (seconds, _): (u64, u64) = redis::cmd("TIME").query(&mut connection).unwrap();

@@ -43,7 +43,8 @@ use super::{FleetSync, StreamPosition};
 use crate::error::FleetError;
 
 /// The Lua functions every script that reads the fleet's record begins
-/// with. `record_since(since_key, record_key)` is when the record began,
+/// with (`now_ms()` is Redis's clock in milliseconds).
+/// `record_since(since_key, record_key)` is when the record began,
 /// begun anew (now) when `since_key` is missing (Redis lost its data), when
 /// Redis's run id is not the one the record began under (a restart, which
 /// may have loaded an older dump, or a failover to a replica that may lack
@@ -56,10 +57,14 @@ use crate::error::FleetError;
 /// since the record `known` (a member's) began. Records are told apart by
 /// name, not by order, and not by entry ids: clocks step and differ.
 pub(super) const RECORD_SINCE: &str = r"
+-- Redis's clock, in milliseconds.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local function record_since(since_key, record_key)
   local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = now_ms()
   local since = tonumber(redis.call('GET', since_key))
   if not since or since > now or redis.call('HGET', record_key, 'run') ~= run then
     if not since then
@@ -111,8 +116,7 @@ local marks = ARGV[1]
 if record_kept(KEYS[2], ARGV[1]) then marks = 0 end
 local needed = 0
 if snapshot_needed(KEYS[3], KEYS[2], marks, since) then needed = 1 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local aged = 0
 if now >= since + tonumber(ARGV[2]) then aged = 1 end
 return {since, needed, aged}
@@ -147,8 +151,7 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| {
             RECORD_SINCE,
             r"
 local since = record_since(KEYS[3], KEYS[6])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local previous = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local continuous = 0
 if previous and tonumber(previous) > now then continuous = 1 end
@@ -199,8 +202,7 @@ static ACKNOWLEDGED: LazyLock<Script> = LazyLock::new(|| {
             RECORD_SINCE,
             r"
 local since = record_since(KEYS[3], KEYS[4])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local lease = tonumber(ARGV[3])
 local behind, wait = 0, 0
 if now < since + lease then
@@ -237,8 +239,7 @@ static GRACE: LazyLock<Script> = LazyLock::new(|| {
             RECORD_SINCE,
             r"
 local since = record_since(KEYS[1], KEYS[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 return {math.max(0, since + tonumber(ARGV[1]) - now), since}
 ",
         ]

@@ -686,6 +686,108 @@ async fn a_member_that_missed_the_snapshot_from_before_a_loss_still_recovers() {
     }
 }
 
+/// A loss's need, once a snapshot met it, does not outlive it: it used to
+/// be carried to every later record that kept the stream, and after a
+/// restart or a failover that every member lived through fenced (each then
+/// counts as fresh: the stream's end may be lost) all of them recovered,
+/// none could publish, and a fleet without a source stayed fenced for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_met_need_is_not_carried_to_a_restart_every_member_lived_through_fenced() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let a = join(guard("a"), proxy.client(), "met").await;
+    let b = join(guard("b"), proxy.client(), "met").await;
+    let before: Vec<String> = (0..20).map(|n| format!("before:{n}")).collect();
+    for key in &before {
+        a.fleet.insert_then_write(key, async {}).await.unwrap();
+    }
+    caught_up(&b).await;
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+    wait_until("a snapshot holding the keys from before the loss", || {
+        let manifest: Option<String> = redis::cmd("GET")
+            .arg("{met}:snapshot")
+            .query(&mut connection)
+            .unwrap();
+        let since: Option<String> = redis::cmd("GET")
+            .arg("{met}:since")
+            .query(&mut connection)
+            .unwrap();
+        manifest
+            .zip(since)
+            .is_some_and(|(manifest, since)| manifest.ends_with(&format!(" 0 {since}")))
+    })
+    .await;
+    a.fleet
+        .insert_then_write("between", async {})
+        .await
+        .unwrap();
+    caught_up(&a).await;
+    caught_up(&b).await;
+    // A restart that outlasts every lease: renewals sent before it (while
+    // caught up) die with their connections.
+    proxy.stall();
+    wait_until("both members to fence themselves", || {
+        a.guard().is_fenced() && b.guard().is_fenced()
+    })
+    .await;
+    as_after_a_failover(&mut connection, "met");
+    proxy.cut();
+    proxy.resume();
+    caught_up(&a).await;
+    caught_up(&b).await;
+    for member in [&a, &b] {
+        for key in before.iter().map(String::as_str).chain(["between"]) {
+            assert_ne!(member.guard().check(key), Verdict::Absent, "{key}");
+        }
+    }
+}
+
+/// A member without the keys a marked record needs lacks them in the
+/// next record too: a restart from a dump saved before the mark was
+/// (within a second of it, under `appendfsync everysec`) used to leave
+/// the new record unmarked, and a lease later such a member took the new
+/// stream for all there was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_lacking_what_a_lost_mark_needed_marks_the_next_record() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let a = join(guard("a"), proxy.client(), "unsaved").await;
+    let before: Vec<String> = (0..20).map(|n| format!("before:{n}")).collect();
+    for key in &before {
+        a.fleet.insert_then_write(key, async {}).await.unwrap();
+    }
+    caught_up(&a).await;
+    // `a` lives through the loss fenced: it holds the keys, but cannot
+    // vouch for them, and no member can publish them.
+    stall_until_fenced(&proxy, &a).await;
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+    proxy.resume();
+    wait_until("`a` to mark the keys from before as needed", || {
+        redis::cmd("EXISTS")
+            .arg("{unsaved}:snapshot:needed")
+            .query::<bool>(&mut connection)
+            .unwrap()
+    })
+    .await;
+    let c = join(guard("c"), server.client(), "unsaved").await;
+    assert!(c.guard().is_fenced());
+    // As after a restart from a dump without the mark.
+    let () = redis::pipe()
+        .atomic()
+        .del("{unsaved}:snapshot:needed")
+        .hset("{unsaved}:since:record", "run", "another")
+        .query(&mut connection)
+        .unwrap();
+    for _ in 0..200 {
+        for key in &before {
+            assert_ne!(c.guard().check(key), Verdict::Absent, "{key}");
+        }
+        tokio::time::sleep(LEASE / 20).await;
+    }
+}
+
 /// After a loss that every member lived through fenced (their leases
 /// lapsed first), none can vouch for the keys from before, and the fleet
 /// stays fenced. Deleting the mark accepts their loss: a member that was

@@ -51,7 +51,10 @@ impl TcpProxy {
                     let stalled = accepting.stalled.subscribe();
                     let cut = cut.clone();
                     tokio::spawn(async move {
+                        // Biased: a cut before a resume drops what was held
+                        // (a random pick could forward it first).
                         tokio::select! {
+                            biased;
                             () = cut.cancelled() => {}
                             () = pump(from, to, stalled) => {}
                         }

@@ -82,14 +82,32 @@ end
 local function record_kept(record_key, known)
   return redis.call('HEXISTS', record_key, 'r' .. known) == 1
 end
+-- Whether the snapshot (its manifest at `manifest_key`) holds the keys
+-- from before `record`: published under it by a member that held them.
+local function covers(manifest_key, record)
+  local manifest = redis.call('GET', manifest_key)
+  if not manifest then return false end
+  local fresh, published_in = string.match(manifest, '^%S+ %S+ %S+ (%d) (%d+)$')
+  return fresh == '0' and tonumber(published_in) == tonumber(record)
+end
 -- Whether the record `since` needs the keys from before it from a
--- snapshot; a member that knew an earlier record (`known`, 0: none) marks
--- it so first.
-local function snapshot_needed(needed_key, record_key, known, since)
-  local marked = redis.call('GET', needed_key)
-  if marked and tonumber(marked) ~= since
-    and redis.call('HEXISTS', record_key, 'r' .. marked) == 1 then
-    -- The marked record's stream goes on in this one, and so does its need.
+-- snapshot. A member that knew an earlier record (`known`, 0: none) marks
+-- it so first; so does a member without the keys a marked record whose
+-- stream goes on in this one needed (`fresh_in`, the record it is fresh
+-- in; `lacked` = '1': it saw that record marked): it lacks them here too,
+-- whatever became of the mark (a dump saved before it).
+local function snapshot_needed(needed_key, record_key, manifest_key, known, fresh_in, lacked, since)
+  local marked = tonumber(redis.call('GET', needed_key))
+  if marked and marked ~= since and record_kept(record_key, marked)
+    and not covers(manifest_key, marked) then
+    -- The marked record's stream goes on in this one, and so does its need
+    -- until a snapshot met it: a met need carried on would send members
+    -- fenced across a restart (fresh in it) to recover for good.
+    redis.call('SET', needed_key, since)
+  end
+  fresh_in = tonumber(fresh_in)
+  if fresh_in ~= 0 and fresh_in ~= since and record_kept(record_key, fresh_in)
+    and (marked == fresh_in or lacked == '1') then
     redis.call('SET', needed_key, since)
   end
   if tonumber(known) ~= 0 and tonumber(known) ~= since then
@@ -100,10 +118,11 @@ end
 ";
 
 /// The record as a member that does not renew sees it (recovering):
-/// `{since, needed, aged}` (`KEYS`: since, the record hash, the mark;
-/// `ARGV[1]`: the record the member renewed in, which it marks as a renewal
-/// of a member that is not caught up does; `ARGV[2]`: the lease): whether
-/// the record is marked, and
+/// `{since, needed, aged}` (`KEYS`: since, the record hash, the mark, the
+/// snapshot's manifest; `ARGV[1]`: the record the member renewed in, which
+/// it marks as a renewal of a member that is not caught up does;
+/// `ARGV[2]`: the lease; `ARGV[3]`, `ARGV[4]`: the record it is fresh in,
+/// and whether it saw that one marked): whether the record is marked, and
 /// whether it is a lease old (every member from before that renews has
 /// marked it by then).
 static RECORD: LazyLock<Script> = LazyLock::new(|| {
@@ -115,7 +134,7 @@ local since = record_since(KEYS[1], KEYS[2])
 local marks = ARGV[1]
 if record_kept(KEYS[2], ARGV[1]) then marks = 0 end
 local needed = 0
-if snapshot_needed(KEYS[3], KEYS[2], marks, since) then needed = 1 end
+if snapshot_needed(KEYS[3], KEYS[2], KEYS[4], marks, ARGV[3], ARGV[4], since) then needed = 1 end
 local now = now_ms()
 local aged = 0
 if now >= since + tonumber(ARGV[2]) then aged = 1 end
@@ -135,7 +154,8 @@ return {since, needed, aged}
 /// preceded it is needed, for as long as the record lasts. Where Redis kept
 /// the stream, only a member that was caught up (`ARGV[6]` = 1) marks: one
 /// whose lease had lapsed vouches for nothing, and through a failover that
-/// lapsed every lease nobody has to. Returns
+/// lapsed every lease nobody has to; a member fresh in a marked record
+/// (`ARGV[7]`; `ARGV[8]` = 1: it saw the mark) carries the need on. Returns
 /// `{continuous, last, members, since, needed, kept, trimmed, covered}`:
 /// whether the lease it held was still live in Redis, the stream's last
 /// entry id, how many members hold live leases now, when the fleet's record
@@ -173,18 +193,14 @@ if record_kept(KEYS[6], ARGV[4]) then kept = 1 end
 local marks = ARGV[5]
 if kept == 1 and ARGV[6] ~= '1' then marks = 0 end
 local needed = 0
-if snapshot_needed(KEYS[5], KEYS[6], marks, since) then needed = 1 end
+if snapshot_needed(KEYS[5], KEYS[6], KEYS[8], marks, ARGV[7], ARGV[8], since) then needed = 1 end
 redis.call('HSET', KEYS[2], ARGV[1], applied)
 local last = '0-0'
 local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
 if newest[1] then last = newest[1][1] end
 local trimmed = redis.call('GET', KEYS[7]) or '0-0'
 local covered = 0
-local manifest = redis.call('GET', KEYS[8])
-if manifest then
-  local fresh, record = string.match(manifest, '^%S+ %S+ %S+ (%d) (%d+)$')
-  if fresh == '0' and tonumber(record) == since then covered = 1 end
-end
+if covers(KEYS[8], since) then covered = 1 end
 return {continuous, last, redis.call('ZCARD', KEYS[1]), since, needed, kept, trimmed, covered}
 ",
         ]
@@ -281,7 +297,7 @@ impl FleetSync {
     /// Renews this member's lease, publishing its position.
     pub(super) async fn renew(&self) -> Result<Renewal, FleetError> {
         let keys = &self.inner.keys;
-        let (position, epoch, fleet_since, leased_in, caught_up) = {
+        let (position, epoch, fleet_since, leased_in, caught_up, (fresh_in, lacked)) = {
             let state = self.state();
             (
                 state.position,
@@ -289,6 +305,7 @@ impl FleetSync {
                 state.fleet_since,
                 state.leased_in,
                 !state.fenced,
+                state.lack(),
             )
         };
         let sent_at = Instant::now();
@@ -310,6 +327,8 @@ impl FleetSync {
             .arg(fleet_since.unwrap_or(0))
             .arg(leased_in.unwrap_or(0))
             .arg(u8::from(caught_up))
+            .arg(fresh_in.unwrap_or(0))
+            .arg(u8::from(lacked))
             .invoke_async(&mut connection)
             .await;
         // A renewal that failed may have run in Redis and found the lease
@@ -347,14 +366,20 @@ impl FleetSync {
     /// keys from before it that the fleet still wants.
     pub(super) async fn refresh_record(&self) -> Result<bool, FleetError> {
         let keys = &self.inner.keys;
-        let known = self.state().leased_in;
+        let (known, (fresh_in, lacked)) = {
+            let state = self.state();
+            (state.leased_in, state.lack())
+        };
         let mut connection = self.inner.connection.get().await?;
         let (since, needed, aged): (u64, u8, u8) = RECORD
             .key(&keys.since)
             .key(&keys.record)
             .key(&keys.snapshot_needed)
+            .key(&keys.manifest)
             .arg(known.unwrap_or(0))
             .arg(self.inner.settings.lease.as_millis() as u64)
+            .arg(fresh_in.unwrap_or(0))
+            .arg(u8::from(lacked))
             .invoke_async(&mut connection)
             .await?;
         let mut state = self.state();

@@ -56,7 +56,10 @@
 //!   renewal until one of them has published a snapshot. For as long as the
 //!   record lasts, a member that started at the new stream's start holds
 //!   none of those keys: it recovers (fenced) from that snapshot, or from a
-//!   rebuild of its own source. A member from before that does not renew
+//!   rebuild of its own source. A later record over the kept stream (a
+//!   restart, a failover) carries the mark on until a snapshot has met it,
+//!   and a member still without those keys marks it again itself (a dump
+//!   saved before the mark was). A member from before that does not renew
 //!   within the new record's first lease (stalled) is not known to the
 //!   ones that join meanwhile. A member that was fenced when the record
 //!   began anew counts as starting afresh, and stays fenced until a
@@ -349,6 +352,15 @@ struct MemberState {
 }
 
 impl MemberState {
+    /// The record this member is fresh in (see `fresh_in`), and whether it
+    /// saw that record marked: it lacks the keys the record needs, and
+    /// goes on lacking them in a record that keeps its stream.
+    fn lack(&self) -> (Option<u64>, bool) {
+        let lacked =
+            self.snapshot_needed && self.fresh_in.is_some() && self.fresh_in == self.fleet_since;
+        (self.fresh_in, lacked)
+    }
+
     fn must_fence(&self, now: Instant) -> bool {
         self.fence_at.is_none_or(|at| now >= at)
             || self.catch_up_to.is_some()

@@ -102,7 +102,12 @@
 //! run at the same rate within an eighth of a lease over a lease, and that a
 //! member's runtime is not stalled for that long (a process paused past its
 //! lease — a debugger, a frozen VM — may answer from a stale set until it
-//! runs again and notices).
+//! runs again and notices). Redis times leases on its wall clock: a step
+//! back begins the record anew (above), but a step forward by more than an
+//! eighth of a lease can lapse live leases in Redis's eyes, and writers
+//! then count out members that still answer, until their next renewal
+//! (a quarter lease). Keep Redis's host on a clock that slews rather than
+//! steps (chrony and ntpd step only at boot by default).
 //!
 //! **The seed travels in the clear.** Snapshots in Redis carry the fleet's
 //! seed in their header, and whoever knows the seed can craft keys that

@@ -220,7 +220,7 @@ fn main() {
                 loader.guard().check(key).is_absent()
             }),
             ("GuardedLoader::get", &mut |key| {
-                poll_ready_now(loader.get(key)).unwrap().is_some()
+                poll_ready_now(loader.get(&key)).unwrap().is_some()
             }),
             ("layer, one service", &mut |key| {
                 poll_ready_now(one_service.call(key)).unwrap().is_some()

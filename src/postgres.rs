@@ -230,7 +230,7 @@ impl fmt::Debug for PgSource {
 /// let pool = sqlx::PgPool::connect("postgres://app@127.0.0.1/app").await?;
 /// let guard = Guard::builder().expected_items(1_000_000).build()?;
 /// let names = GuardedLoader::new(guard, PgLoader::<String>::new(pool, "items", "id", "name"));
-/// let name = names.get("42".to_owned()).await?;
+/// let name = names.get("42").await?;
 /// # let _ = name;
 /// # Ok(())
 /// # }

@@ -1575,7 +1575,7 @@ async fn a_fenced_member_trusts_neither_its_maybe_nor_its_cached_absent_answers(
     // Fenced: the "maybe" is not the filter's, so the backend is asked
     // (and says absent, which the cache keeps).
     stall_until_fenced(&proxy, &b).await;
-    assert!(!loader.contains("late".to_owned()).await.unwrap());
+    assert!(!loader.contains("late").await.unwrap());
     assert_eq!(
         asked.load(std::sync::atomic::Ordering::Relaxed),
         1,
@@ -1589,7 +1589,7 @@ async fn a_fenced_member_trusts_neither_its_maybe_nor_its_cached_absent_answers(
     stall_until_fenced(&proxy, &b).await;
     assert!(ledger.write(&a.fleet, "late".to_owned()).await);
     assert!(
-        loader.contains("late".to_owned()).await.unwrap(),
+        loader.contains("late").await.unwrap(),
         "a completed write answered absent from the cache"
     );
     // Nor does the HTTP layer trust a fenced "maybe".
@@ -1606,7 +1606,7 @@ async fn a_fenced_member_trusts_neither_its_maybe_nor_its_cached_absent_answers(
     assert_eq!(service.oneshot(request).await.unwrap().body(), "asked");
     proxy.resume();
     caught_up(&b).await;
-    assert!(loader.contains("late".to_owned()).await.unwrap());
+    assert!(loader.contains("late").await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

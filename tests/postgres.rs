@@ -143,11 +143,8 @@ async fn the_loader_reads_one_key_and_batches_in_one_query() {
     let loader = PgLoader::<String>::new(pool.clone(), "items", "id", "name");
     let gate = GuardedLoader::new(guard.clone(), loader.clone());
 
-    assert_eq!(
-        gate.get("7".to_owned()).await.unwrap().as_deref(),
-        Some("item 7")
-    );
-    assert_eq!(gate.get("absent".to_owned()).await.unwrap(), None);
+    assert_eq!(gate.get("7").await.unwrap().as_deref(), Some("item 7"));
+    assert_eq!(gate.get("absent").await.unwrap(), None);
     let keys: Vec<String> = ["3", "nope", "999", "3"].map(String::from).to_vec();
     let values = gate.get_many(&keys).await.unwrap();
     let values: Vec<Option<&str>> = values.iter().map(|v| v.as_deref()).collect();

@@ -70,10 +70,7 @@ async fn a_guard_rebuilds_from_scan_and_loads_with_get_and_mget() {
     );
 
     let guarded = GuardedLoader::new(guard.clone(), loader.clone());
-    assert_eq!(
-        guarded.get("7".to_string()).await.unwrap(),
-        Some(b"value 7".to_vec())
-    );
+    assert_eq!(guarded.get("7").await.unwrap(), Some(b"value 7".to_vec()));
     // A batch: the candidates the guard rules out never reach Redis, and the
     // rest go in one MGET.
     let mgets_before = command_calls(&server, "mget");
@@ -124,7 +121,7 @@ async fn redis_down_at_start_keeps_the_guard_warming_until_it_comes_up() {
     );
     let loader = GuardedLoader::new(guard.clone(), RedisLoader::new(client).prefix("item:"));
     assert!(
-        loader.get("1".to_string()).await.is_err(),
+        loader.get("1").await.is_err(),
         "the backend path fails as the backend does"
     );
 
@@ -141,10 +138,7 @@ async fn redis_down_at_start_keeps_the_guard_warming_until_it_comes_up() {
     for id in 0..10_000 {
         assert_eq!(guard.check(id.to_string()), Verdict::MaybePresent);
     }
-    assert_eq!(
-        loader.get("1".to_string()).await.unwrap(),
-        Some(b"value 1".to_vec())
-    );
+    assert_eq!(loader.get("1").await.unwrap(), Some(b"value 1".to_vec()));
 }
 
 /// A Redis source that runs `act` after each pass's first page: the pass

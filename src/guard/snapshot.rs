@@ -352,8 +352,8 @@ mod tests {
         .unwrap();
         member.insert("item:1"); // a false positive for now
         tokio::time::advance(2 * settle).await;
-        assert_eq!(loader.get("item:1".into()).await.unwrap(), None);
-        assert_eq!(loader.get("item:1".into()).await.unwrap(), None);
+        assert_eq!(loader.get("item:1").await.unwrap(), None);
+        assert_eq!(loader.get("item:1").await.unwrap(), None);
         assert_eq!(member.stats().confirmed_absent_hits, 1, "cached");
 
         let snapshot = another_instances_snapshot(5, "item:1");
@@ -362,7 +362,7 @@ mod tests {
         // The other instance's write lands within its settle.
         store.lock().unwrap().insert("item:1".to_string());
         assert_eq!(
-            loader.get("item:1".into()).await.unwrap(),
+            loader.get("item:1").await.unwrap(),
             Some(()),
             "an answer cached before the snapshot hid a key it brought"
         );
@@ -383,14 +383,14 @@ mod tests {
             let key = format!("item:{n}");
             assert_eq!(member.check(&key), crate::Verdict::MaybePresent);
             member.record_outcome(false);
-            assert_eq!(loader.get(key).await.unwrap(), None);
+            assert_eq!(loader.get(&key).await.unwrap(), None);
         }
         let stats = member.stats();
         assert_eq!(stats.false_positives, 0, "{stats:?}");
         assert_eq!(stats.observed_fpr, None);
 
         member.set_fenced(false);
-        assert_eq!(loader.get("item:0".to_string()).await.unwrap(), None);
+        assert_eq!(loader.get("item:0").await.unwrap(), None);
         member.record_outcome(false); // as after a "maybe" of its filters
         assert_eq!(member.stats().false_positives, 1);
     }
@@ -426,14 +426,14 @@ mod tests {
         member.set_fenced(true);
         let before = tokio::spawn({
             let loader = loader.clone();
-            async move { loader.get("item:1".to_string()).await }
+            async move { loader.get("item:1").await }
         });
         tokio::task::yield_now().await; // its load reads the store
         // Another instance's write completes without this member.
         store.lock().unwrap().insert("item:1".to_string());
         let after = tokio::spawn({
             let loader = loader.clone();
-            async move { loader.get("item:1".to_string()).await }
+            async move { loader.get("item:1").await }
         });
         tokio::task::yield_now().await; // it joins the load
         gate.add_permits(2);

@@ -14,8 +14,8 @@
 //!     let store = Arc::clone(&store);
 //!     async move { Ok::<_, std::io::Error>(store.get(&key).copied()) }
 //! });
-//! assert_eq!(loader.get("item:1".to_string()).await?, Some(42));
-//! assert_eq!(loader.get("item:2".to_string()).await?, None); // answered by the filter
+//! assert_eq!(loader.get("item:1").await?, Some(42));
+//! assert_eq!(loader.get("item:2").await?, None); // answered by the filter
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # }).unwrap();
 //! ```
@@ -253,7 +253,7 @@ where
     ///
     /// let guard = Guard::builder().expected_items(1_000).build()?;
     /// guard.insert("user:1:item:2");
-    /// let seen = GuardedLoader::new(guard.clone(), |_key: &'static str| async move {
+    /// let seen = GuardedLoader::new(guard.clone(), |_key: String| async move {
     ///     Ok::<Option<()>, std::io::Error>(unreachable!("trusted, never asked"))
     /// })
     /// .verify(Verify::None)?;
@@ -310,8 +310,8 @@ where
     /// .confirmed_absent_cache(10_000, Duration::from_secs(60))?;
     /// guard.insert("ghost"); // inserted, then the store write failed
     /// tokio::time::sleep(Duration::from_millis(300)).await; // past the write settle
-    /// assert_eq!(loader.get("ghost".into()).await?, None); // asks the backend
-    /// assert_eq!(loader.get("ghost".into()).await?, None); // from the cache
+    /// assert_eq!(loader.get("ghost").await?, None); // asks the backend
+    /// assert_eq!(loader.get("ghost").await?, None); // from the cache
     /// assert_eq!(guard.stats().confirmed_absent_hits, 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
@@ -347,15 +347,26 @@ where
     /// it to leave the CPU: 0.29× the raw filter's rate past the cache,
     /// against 0.55× now.)
     ///
+    /// The key is borrowed (a `&str` for a `String` key, as `HashMap::get`
+    /// takes one): it is copied into an owned one only to ask the backend,
+    /// so an absent key costs no allocation.
+    ///
     /// # Errors
     /// The loader's error, shared with every caller that waited on the same
     /// backend call.
-    pub fn get(&self, key: K) -> impl Future<Output = Loaded<L::Value, L::Error>> + '_ {
+    pub fn get<Q>(
+        &self,
+        key: &Q,
+    ) -> impl Future<Output = Loaded<L::Value, L::Error>> + use<'_, Q, K, L>
+    where
+        Q: ToOwned<Owned = K> + AsRef<[u8]> + ?Sized,
+    {
         let verdict = self.inner.guard.check(key.as_ref());
         // `Verify::All` trusts nothing: every route but `Absent` asks.
-        if self.route(&key, verdict, Verify::All) == Route::Absent {
+        if self.route(key.as_ref(), verdict, Verify::All) == Route::Absent {
             return Answer::Known(false);
         }
+        let key = key.to_owned();
         // Boxed: inline, the backend call's state would make every `get`
         // future hundreds of bytes, copied on each call, absent or not.
         Answer::Asking(Box::pin(async move { self.ask(&key, verdict).await }))
@@ -364,20 +375,29 @@ where
     /// Whether `key` is in the store: `false` when the guard rules it out,
     /// `true` for a "maybe" trusted by the [`verify`](Self::verify) policy,
     /// otherwise what the backend answers. Like [`get`](Self::get), it
-    /// checks the guard when called.
+    /// checks the guard when called, and borrows the key.
     ///
     /// # Errors
     /// The loader's error, shared with every caller that waited on the same
     /// backend call.
-    pub fn contains(&self, key: K) -> impl Future<Output = Result<bool, Arc<L::Error>>> + '_ {
+    pub fn contains<Q>(
+        &self,
+        key: &Q,
+    ) -> impl Future<Output = Result<bool, Arc<L::Error>>> + use<'_, Q, K, L>
+    where
+        Q: ToOwned<Owned = K> + AsRef<[u8]> + ?Sized,
+    {
         let verdict = self.inner.guard.check(key.as_ref());
-        match self.route(&key, verdict, self.verify) {
+        match self.route(key.as_ref(), verdict, self.verify) {
             Route::Absent => Answer::Known(false),
             Route::Trusted => Answer::Known(true),
-            // Boxed for the reason `get` gives.
-            Route::Ask => Answer::Asking(Box::pin(async move {
-                Ok(self.ask(&key, verdict).await?.is_some())
-            })),
+            Route::Ask => {
+                let key = key.to_owned();
+                // Boxed for the reason `get` gives.
+                Answer::Asking(Box::pin(async move {
+                    Ok(self.ask(&key, verdict).await?.is_some())
+                }))
+            }
         }
     }
 
@@ -462,7 +482,7 @@ where
         let routes: Vec<Route> = keys
             .iter()
             .zip(&verdicts)
-            .map(|(key, &verdict)| self.route(key, verdict, verify))
+            .map(|(key, &verdict)| self.route(key.as_ref(), verdict, verify))
             .collect();
         let asked: Vec<usize> = (0..keys.len())
             .filter(|&index| routes[index] == Route::Ask)
@@ -496,7 +516,7 @@ where
     /// Where the answer for `key`, checked `verdict`, comes from; counts a
     /// hit of the confirmed-absent cache, a trusted positive, or an absent
     /// answer passed on in shadow mode.
-    fn route(&self, key: &K, verdict: Verdict, verify: Verify) -> Route {
+    fn route(&self, key: &[u8], verdict: Verdict, verify: Verify) -> Route {
         let guard = &self.inner.guard;
         if self.shadow {
             if verdict == Verdict::Absent {
@@ -516,11 +536,11 @@ where
                 let confirmed = self
                     .confirmed_absent
                     .as_ref()
-                    .is_some_and(|cache| cache.is_absent(guard, key.as_ref()));
+                    .is_some_and(|cache| cache.is_absent(guard, key));
                 if confirmed {
                     guard.count_confirmed_absent_hit();
                     Route::Absent
-                } else if verify.verifies(key.as_ref()) {
+                } else if verify.verifies(key) {
                     Route::Ask
                 } else {
                     guard.count_unverified_positive();

@@ -58,7 +58,7 @@ fn spawn_gets<L: bloomguard::Loader<String>>(
     (0..count)
         .map(|_| {
             let (loader, key) = (loader.clone(), key.to_string());
-            tokio::spawn(async move { loader.get(key).await })
+            tokio::spawn(async move { loader.get(&key).await })
         })
         .collect()
 }
@@ -78,7 +78,7 @@ async fn absent_keys_never_reach_the_loader() {
     let loader = GuardedLoader::new(guard_with(&["item:1"]), gate.loader());
     let mut maybe = 0;
     for i in 0..1_000 {
-        assert_eq!(loader.get(format!("absent:{i}")).await.unwrap(), None);
+        assert_eq!(loader.get(&format!("absent:{i}")).await.unwrap(), None);
     }
     maybe += loader.guard().stats().checks.maybe_present;
     assert_eq!(
@@ -86,7 +86,7 @@ async fn absent_keys_never_reach_the_loader() {
         maybe,
         "only false positives were loaded"
     );
-    assert_eq!(loader.get("item:1".into()).await.unwrap(), Some(6));
+    assert_eq!(loader.get("item:1").await.unwrap(), Some(6));
     let stats = loader.guard().stats();
     assert_eq!((stats.found, stats.false_positives), (1, maybe));
 }
@@ -107,8 +107,8 @@ fn the_guard_is_checked_when_get_is_called_and_the_backend_when_polled() {
         }
     });
     let mut context = Context::from_waker(Waker::noop());
-    let absent = loader.get("item:2".into());
-    let unpolled = loader.get("item:1".into());
+    let absent = loader.get("item:2");
+    let unpolled = loader.get("item:1");
     assert_eq!(
         loader.guard().stats().checks.total(),
         2,
@@ -120,12 +120,12 @@ fn the_guard_is_checked_when_get_is_called_and_the_backend_when_polled() {
         Poll::Ready(Ok(None))
     ));
     assert!(matches!(
-        std::pin::pin!(loader.contains("item:3".into())).poll(&mut context),
+        std::pin::pin!(loader.contains("item:3")).poll(&mut context),
         Poll::Ready(Ok(false))
     ));
     drop(unpolled);
     assert_eq!(calls.load(Ordering::SeqCst), 0, "no backend call unpolled");
-    let mut present = std::pin::pin!(loader.get("item:1".into()));
+    let mut present = std::pin::pin!(loader.get("item:1"));
     assert!(matches!(
         present.as_mut().poll(&mut context),
         Poll::Ready(Ok(Some(1)))
@@ -145,8 +145,8 @@ fn the_futures_of_get_and_contains_stay_small() {
     // The key (a 24-byte `String`), the loader's address, the verdict and
     // the box: 72 bytes; 280 with the call's state inline.
     let small = std::mem::size_of::<String>() + 64;
-    assert!(std::mem::size_of_val(&loader.get("a".into())) <= small);
-    assert!(std::mem::size_of_val(&loader.contains("a".into())) <= small);
+    assert!(std::mem::size_of_val(&loader.get("a")) <= small);
+    assert!(std::mem::size_of_val(&loader.contains("a")) <= small);
 }
 
 // One thread: every spawned caller has run up to its wait before the
@@ -197,13 +197,13 @@ async fn a_call_after_a_completed_write_is_not_handed_an_older_not_found() {
     guard.insert("item:1"); // the write's insert
     let before = tokio::spawn({
         let loader = loader.clone();
-        async move { loader.get("item:1".to_string()).await }
+        async move { loader.get("item:1").await }
     });
     wait_until("the first load", || gate.calls() == 1).await;
     store.lock().unwrap().insert("item:1".to_string()); // the write lands
     let after = tokio::spawn({
         let loader = loader.clone();
-        async move { loader.get("item:1".to_string()).await }
+        async move { loader.get("item:1").await }
     });
     tokio::task::yield_now().await; // it runs up to its wait on the load
     assert_eq!(gate.calls(), 1, "joined, not called");
@@ -276,7 +276,7 @@ async fn an_error_reaches_every_waiter_and_is_not_cached() {
     assert_eq!(*errors[0], "cannot load broken");
     assert_eq!(loader.in_flight(), 0, "removed on error too");
     gate.open.add_permits(1);
-    assert!(loader.get("broken".to_string()).await.is_err());
+    assert!(loader.get("broken").await.is_err());
     assert_eq!(gate.calls(), 2, "a later load calls again");
     let stats = loader.guard().stats();
     assert_eq!(
@@ -302,12 +302,12 @@ async fn a_waiter_takes_over_when_the_first_caller_is_cancelled() {
     let loader = GuardedLoader::new(guard_with(&["item:9"]), gate.loader());
     let first = tokio::spawn({
         let loader = loader.clone();
-        async move { loader.get("item:9".to_string()).await }
+        async move { loader.get("item:9").await }
     });
     wait_until("the first call", || gate.calls() == 1).await;
     let second = tokio::spawn({
         let loader = loader.clone();
-        async move { loader.get("item:9".to_string()).await }
+        async move { loader.get("item:9").await }
     });
     tokio::time::sleep(Duration::from_millis(20)).await;
     first.abort();
@@ -359,9 +359,9 @@ async fn confirmed_false_positives_are_cached_until_inserted_or_expired() {
     guard.insert("ghost");
     tokio::time::advance(2 * SETTLE).await;
 
-    assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
+    assert_eq!(loader.get("ghost").await.unwrap(), None);
     assert_eq!(gate.calls(), 1);
-    assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
+    assert_eq!(loader.get("ghost").await.unwrap(), None);
     assert_eq!(gate.calls(), 1, "the confirmed answer is reused");
     assert_eq!(guard.stats().confirmed_absent_hits, 1);
     assert_eq!(
@@ -372,18 +372,18 @@ async fn confirmed_false_positives_are_cached_until_inserted_or_expired() {
 
     // An insert drops the cached answer at once.
     guard.insert("ghost");
-    assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
+    assert_eq!(loader.get("ghost").await.unwrap(), None);
     assert_eq!(gate.calls(), 2, "asked again after the insert");
     // And an answer from within the write settle of that insert is not cached.
-    assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
+    assert_eq!(loader.get("ghost").await.unwrap(), None);
     assert_eq!(gate.calls(), 3);
 
     tokio::time::advance(2 * SETTLE).await;
-    assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
-    assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
+    assert_eq!(loader.get("ghost").await.unwrap(), None);
+    assert_eq!(loader.get("ghost").await.unwrap(), None);
     assert_eq!(gate.calls(), 4, "cached again once the insert has settled");
     tokio::time::advance(Duration::from_secs(61)).await;
-    assert_eq!(loader.get("ghost".into()).await.unwrap(), None);
+    assert_eq!(loader.get("ghost").await.unwrap(), None);
     assert_eq!(gate.calls(), 5, "expired after the ttl");
 }
 
@@ -401,7 +401,7 @@ async fn a_full_confirmed_absent_cache_still_takes_a_hot_false_positive() {
     }
     tokio::time::advance(Duration::from_secs(1)).await;
     for key in &cold {
-        assert_eq!(loader.get(key.clone()).await.unwrap(), None);
+        assert_eq!(loader.get(key).await.unwrap(), None);
     }
     assert_eq!(
         loader.confirmed_absent_entries(),
@@ -411,7 +411,7 @@ async fn a_full_confirmed_absent_cache_still_takes_a_hot_false_positive() {
 
     let before = gate.calls();
     for _ in 0..50 {
-        assert_eq!(loader.get("hot".into()).await.unwrap(), None);
+        assert_eq!(loader.get("hot").await.unwrap(), None);
         loader.confirmed_absent_entries(); // lets the cache settle its admissions
     }
     let hot_calls = gate.calls() - before;
@@ -437,23 +437,23 @@ async fn a_cached_absent_never_hides_a_write_still_pending() {
     let pending = guard.begin_write("slow:1");
     tokio::time::advance(3 * SETTLE).await; // the write takes its time
     assert_eq!(
-        loader.get("slow:1".into()).await.unwrap(),
+        loader.get("slow:1").await.unwrap(),
         None,
         "not in the store yet"
     );
     store.lock().unwrap().insert("slow:1".into()); // it lands; the PendingWrite is still held
     assert_eq!(
-        loader.get("slow:1".into()).await.unwrap(),
+        loader.get("slow:1").await.unwrap(),
         Some(()),
         "the store has the key: the answer cached before it landed must not hide it"
     );
     drop(pending);
-    assert_eq!(loader.get("slow:1".into()).await.unwrap(), Some(()));
+    assert_eq!(loader.get("slow:1").await.unwrap(), Some(()));
 
-    assert_eq!(loader.get("early:1".into()).await.unwrap(), None);
+    assert_eq!(loader.get("early:1").await.unwrap(), None);
     store.lock().unwrap().insert("early:1".into());
     assert_eq!(
-        loader.get("early:1".into()).await.unwrap(),
+        loader.get("early:1").await.unwrap(),
         Some(()),
         "a write begun before the cache existed is not hidden either"
     );
@@ -471,8 +471,8 @@ async fn a_cached_absent_does_not_outlive_a_merged_filter() {
     let loader = cached_loader_over(&guard, &store);
     guard.insert("item:1"); // in the filter, not (yet) in the store
     tokio::time::advance(2 * SETTLE).await;
-    assert_eq!(loader.get("item:1".into()).await.unwrap(), None);
-    assert_eq!(loader.get("item:1".into()).await.unwrap(), None);
+    assert_eq!(loader.get("item:1").await.unwrap(), None);
+    assert_eq!(loader.get("item:1").await.unwrap(), None);
     assert_eq!(guard.stats().confirmed_absent_hits, 1, "cached");
 
     // Another process's filter, whose keys it wrote to the store itself.
@@ -488,7 +488,7 @@ async fn a_cached_absent_does_not_outlive_a_merged_filter() {
     store.lock().unwrap().insert("item:1".into());
     guard.merge_filter(theirs).unwrap();
     assert_eq!(
-        loader.get("item:1".into()).await.unwrap(),
+        loader.get("item:1").await.unwrap(),
         Some(()),
         "an answer cached before the merge hid a key the merge brought"
     );

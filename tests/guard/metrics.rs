@@ -155,7 +155,7 @@ fn the_product_modes_reach_the_recorder() {
             .collect();
         trusting.contains_many(&keys).await.unwrap();
         // Written behind the guard's back: shadow mode catches it.
-        assert!(shadowing.contains("seen:late".into()).await.unwrap());
+        assert!(shadowing.contains("seen:late").await.unwrap());
     });
     metrics::with_local_recorder(&recorder, || guard.publish_metrics());
 

@@ -156,7 +156,7 @@ async fn values_always_come_from_the_backend() {
     let seen = GuardedLoader::new(guard.clone(), store.loader())
         .verify(Verify::None)
         .unwrap();
-    assert_eq!(seen.get("seen:1".into()).await.unwrap(), Some(()));
+    assert_eq!(seen.get("seen:1").await.unwrap(), Some(()));
     let keys = ["seen:2".to_string(), "seen:3".to_string()];
     assert_eq!(seen.get_many(&keys).await.unwrap(), [Some(()), Some(())]);
     assert_eq!(store.asked(), 3);
@@ -213,8 +213,8 @@ fn shadow_mode_asks_every_time_and_counts_what_would_have_been_wrong() {
         runtime.block_on(async {
             // Stored behind the guard's back: the backend has it, the guard not.
             let forgotten = "seen:written-behind-its-back".to_string();
-            assert!(seen.contains(forgotten.clone()).await.unwrap());
-            assert_eq!(seen.get(forgotten).await.unwrap(), Some(()));
+            assert!(seen.contains(&forgotten).await.unwrap());
+            assert_eq!(seen.get(&forgotten).await.unwrap(), Some(()));
             let others: Vec<String> = (0..1_000).map(|i| format!("unseen:{i}")).collect();
             let answers = seen.contains_many(&others).await.unwrap();
             assert!(answers.iter().all(|&answer| !answer));

@@ -1,5 +1,5 @@
-//! The `Absent` path of `GuardService` allocates nothing: a counting global
-//! allocator watches the calls.
+//! The `Absent` paths of `GuardService` and `GuardedLoader` allocate
+//! nothing: a counting global allocator watches the calls.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -7,7 +7,7 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
 use bloomguard::layer::PathKey;
-use bloomguard::{Guard, GuardLayer};
+use bloomguard::{Guard, GuardLayer, GuardedLoader};
 use http::{Request, Response, StatusCode, Uri};
 use tower::{Layer, Service, service_fn};
 
@@ -98,6 +98,50 @@ fn the_http_form_answers_404_without_allocating() {
         allocations, 0,
         "{allocations} allocations for {not_found} absent answers"
     );
+}
+
+/// A loader keyed by `String` is asked with a `&str`: it used to take the
+/// owned key, which a caller holding the request's `&str` made for every
+/// call, absent or not.
+#[test]
+fn the_loader_answers_absent_keys_without_allocating() {
+    let guard = Guard::builder().expected_items(10_000).build().unwrap();
+    guard.insert("item:1");
+    let loader = GuardedLoader::new(guard.clone(), |_key: String| async {
+        Ok::<Option<u32>, Infallible>(Some(1))
+    });
+    let keys: Vec<String> = (0..10_000).map(|i| format!("absent:{i}")).collect();
+    // Warm-up: a thread's first check claims its read-section record.
+    let _ = ready_now(loader.get(keys[0].as_str()));
+
+    let mut absent = 0;
+    let allocations = allocations_in(|| {
+        for key in &keys {
+            if guard.check(key).is_absent() {
+                assert_eq!(ready_now(loader.get(key.as_str())).unwrap(), None);
+                assert!(!ready_now(loader.contains(key.as_str())).unwrap());
+                absent += 1;
+            }
+        }
+    });
+    assert!(absent > 9_800, "{absent} absent answers");
+    assert_eq!(
+        allocations, 0,
+        "{allocations} allocations for {absent} absent answers"
+    );
+    // A maybe still reaches the backend with the owned key.
+    assert_eq!(run_to_completion(loader.get("item:1")), Some(1));
+}
+
+/// Runs a future that may wait (the backend call) on a small runtime.
+fn run_to_completion<F: Future<Output = Result<Option<u32>, std::sync::Arc<Infallible>>>>(
+    future: F,
+) -> Option<u32> {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(future)
+        .unwrap()
 }
 
 #[test]

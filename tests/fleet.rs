@@ -741,6 +741,80 @@ async fn a_met_need_is_not_carried_to_a_restart_every_member_lived_through_fence
             assert_ne!(member.guard().check(key), Verdict::Absent, "{key}");
         }
     }
+    // Nor later, once the snapshot that met it is replaced (by one of
+    // members that count as fresh since the restart).
+    a.fleet.publish_snapshot().await.unwrap();
+    tokio::time::sleep(LEASE * 4).await;
+    let (marked, since): (Option<u64>, u64) = redis::pipe()
+        .get("{met}:snapshot:needed")
+        .get("{met}:since")
+        .query(&mut connection)
+        .unwrap();
+    assert_ne!(marked, Some(since), "the met need came back");
+    caught_up(&a).await;
+    caught_up(&b).await;
+}
+
+/// A member without the keys a marked record needed, when a snapshot met
+/// that need before a restart that every member lived through fenced,
+/// loads that snapshot: it used to mark the record after the restart,
+/// which every member then lacked (each counts as fresh), and none could
+/// publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_lacking_what_a_met_need_held_loads_it_after_a_restart() {
+    let server = RedisServer::start();
+    let to_a = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let to_z = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let a = join(guard("a"), to_a.client(), "lacking").await;
+    let before: Vec<String> = (0..20).map(|n| format!("before:{n}")).collect();
+    for key in &before {
+        a.fleet.insert_then_write(key, async {}).await.unwrap();
+    }
+    caught_up(&a).await;
+    let mut connection = server.client().get_connection().unwrap();
+    let covering = |connection: &mut redis::Connection| {
+        let (manifest, since): (Option<String>, Option<String>) = redis::pipe()
+            .get("{lacking}:snapshot")
+            .get("{lacking}:since")
+            .query(connection)
+            .unwrap();
+        manifest
+            .zip(since)
+            .is_some_and(|(manifest, since)| manifest.ends_with(&format!(" 0 {since}")))
+    };
+    let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+    wait_until("a snapshot holding the keys from before the loss", || {
+        covering(&mut connection)
+    })
+    .await;
+    // `z` joins when no snapshot is at hand (and `a` cannot publish one):
+    // it lacks the keys from before, and recovers.
+    stall_until_fenced(&to_a, &a).await;
+    let () = redis::cmd("DEL")
+        .arg("{lacking}:snapshot")
+        .query(&mut connection)
+        .unwrap();
+    let z = join(guard("z"), to_z.client(), "lacking").await;
+    assert!(z.guard().is_fenced());
+    // `z` stalls; `a` publishes again, then stalls too.
+    to_z.stall();
+    to_a.resume();
+    wait_until("`a` to publish the keys from before again", || {
+        covering(&mut connection)
+    })
+    .await;
+    stall_until_fenced(&to_a, &a).await;
+    // A restart that outlasts every lease.
+    as_after_a_failover(&mut connection, "lacking");
+    for proxy in [&to_a, &to_z] {
+        proxy.cut();
+        proxy.resume();
+    }
+    caught_up(&a).await;
+    caught_up(&z).await;
+    for key in &before {
+        assert_ne!(z.guard().check(key), Verdict::Absent, "{key}");
+    }
 }
 
 /// A member without the keys a marked record needs lacks them in the
@@ -780,6 +854,15 @@ async fn a_member_lacking_what_a_lost_mark_needed_marks_the_next_record() {
         .hset("{unsaved}:since:record", "run", "another")
         .query(&mut connection)
         .unwrap();
+    wait_until("a member without the keys to mark the new record", || {
+        let (marked, since): (Option<u64>, Option<u64>) = redis::pipe()
+            .get("{unsaved}:snapshot:needed")
+            .get("{unsaved}:since")
+            .query(&mut connection)
+            .unwrap();
+        marked.is_some() && marked == since
+    })
+    .await;
     for _ in 0..200 {
         for key in &before {
             assert_ne!(c.guard().check(key), Verdict::Absent, "{key}");

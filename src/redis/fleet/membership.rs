@@ -90,41 +90,60 @@ local function covers(manifest_key, record)
   local fresh, published_in = string.match(manifest, '^%S+ %S+ %S+ (%d) (%d+)$')
   return fresh == '0' and tonumber(published_in) == tonumber(record)
 end
+-- Whether the need of the marked record `record` was met: a later record
+-- found a snapshot holding what preceded it (listed as `m{record}`, gone
+-- with the list at a loss).
+local function met(record_key, record)
+  return redis.call('HEXISTS', record_key, 'm' .. record) == 1
+end
 -- Whether the record `since` needs the keys from before it from a
--- snapshot. A member that knew an earlier record (`known`, 0: none) marks
--- it so first; so does a member without the keys a marked record whose
--- stream goes on in this one needed (`fresh_in`, the record it is fresh
--- in; `lacked` = '1': it saw that record marked): it lacks them here too,
--- whatever became of the mark (a dump saved before it).
+-- snapshot, and whether the member lacks keys from before an earlier
+-- record that the snapshot holds: `{needed, lacks}`.
+-- A member that knew an earlier record (`known`, 0: none) marks it first.
+-- A marked record's need goes on in a later one that keeps its stream
+-- until a snapshot has met it; then it ends (a met need carried on sent
+-- members fenced across a restart, fresh in it, to recover for good).
+-- A member fresh in a marked record (`fresh_in`; `lacked` = '1': it saw
+-- it marked) lacks its keys in a later one too: it is told, to load the
+-- snapshot, and while none has met the need it marks the later record
+-- itself, whatever became of the mark (a dump saved before it).
 local function snapshot_needed(needed_key, record_key, manifest_key, known, fresh_in, lacked, since)
   local marked = tonumber(redis.call('GET', needed_key))
   if marked and marked ~= since and record_kept(record_key, marked)
-    and not covers(manifest_key, marked) then
-    -- The marked record's stream goes on in this one, and so does its need
-    -- until a snapshot met it: a met need carried on would send members
-    -- fenced across a restart (fresh in it) to recover for good.
-    redis.call('SET', needed_key, since)
+    and not met(record_key, marked) then
+    if covers(manifest_key, marked) then
+      redis.call('HSET', record_key, 'm' .. marked, 1)
+    else
+      redis.call('SET', needed_key, since)
+    end
   end
   fresh_in = tonumber(fresh_in)
+  local lacks = 0
   if fresh_in ~= 0 and fresh_in ~= since and record_kept(record_key, fresh_in)
     and (marked == fresh_in or lacked == '1') then
-    redis.call('SET', needed_key, since)
+    lacks = 1
+    if not met(record_key, fresh_in) and not covers(manifest_key, fresh_in) then
+      redis.call('SET', needed_key, since)
+    end
   end
   if tonumber(known) ~= 0 and tonumber(known) ~= since then
     redis.call('SET', needed_key, since)
   end
-  return tonumber(redis.call('GET', needed_key)) == since
+  local needed = 0
+  if tonumber(redis.call('GET', needed_key)) == since then needed = 1 end
+  return needed, lacks
 end
 ";
 
 /// The record as a member that does not renew sees it (recovering):
-/// `{since, needed, aged}` (`KEYS`: since, the record hash, the mark, the
-/// snapshot's manifest; `ARGV[1]`: the record the member renewed in, which
-/// it marks as a renewal of a member that is not caught up does;
+/// `{since, needed, aged, lacks}` (`KEYS`: since, the record hash, the
+/// mark, the snapshot's manifest; `ARGV[1]`: the record the member renewed
+/// in, which it marks as a renewal of a member that is not caught up does;
 /// `ARGV[2]`: the lease; `ARGV[3]`, `ARGV[4]`: the record it is fresh in,
-/// and whether it saw that one marked): whether the record is marked, and
+/// and whether it saw that one marked): whether the record is marked,
 /// whether it is a lease old (every member from before that renews has
-/// marked it by then).
+/// marked it by then), and whether the member lacks the keys an earlier
+/// marked record needed (see `snapshot_needed`).
 static RECORD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
@@ -133,12 +152,11 @@ static RECORD: LazyLock<Script> = LazyLock::new(|| {
 local since = record_since(KEYS[1], KEYS[2])
 local marks = ARGV[1]
 if record_kept(KEYS[2], ARGV[1]) then marks = 0 end
-local needed = 0
-if snapshot_needed(KEYS[3], KEYS[2], KEYS[4], marks, ARGV[3], ARGV[4], since) then needed = 1 end
+local needed, lacks = snapshot_needed(KEYS[3], KEYS[2], KEYS[4], marks, ARGV[3], ARGV[4], since)
 local now = now_ms()
 local aged = 0
 if now >= since + tonumber(ARGV[2]) then aged = 1 end
-return {since, needed, aged}
+return {since, needed, aged, lacks}
 ",
         ]
         .concat(),
@@ -156,14 +174,15 @@ return {since, needed, aged}
 /// whose lease had lapsed vouches for nothing, and through a failover that
 /// lapsed every lease nobody has to; a member fresh in a marked record
 /// (`ARGV[7]`; `ARGV[8]` = 1: it saw the mark) carries the need on. Returns
-/// `{continuous, last, members, since, needed, kept, trimmed, covered}`:
+/// `{continuous, last, members, since, needed, kept, trimmed, covered, lacks}`:
 /// whether the lease it held was still live in Redis, the stream's last
 /// entry id, how many members hold live leases now, when the fleet's record
 /// began (which changes when Redis lost the fleet's data or restarted),
 /// whether the record is marked, whether the stream holds everything since
 /// the member's record (`ARGV[4]`) began,
-/// the newest entry trimmed from the stream, and whether the snapshot in
-/// `KEYS[8]` holds what preceded the record. Drops lapsed members on the
+/// the newest entry trimmed from the stream, whether the snapshot in
+/// `KEYS[8]` holds what preceded the record, and whether the member lacks
+/// the keys an earlier marked record needed. Drops lapsed members on the
 /// way.
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -192,8 +211,7 @@ if record_kept(KEYS[6], ARGV[4]) then kept = 1 end
 -- A member from before: the keys acknowledged then are in its set only.
 local marks = ARGV[5]
 if kept == 1 and ARGV[6] ~= '1' then marks = 0 end
-local needed = 0
-if snapshot_needed(KEYS[5], KEYS[6], KEYS[8], marks, ARGV[7], ARGV[8], since) then needed = 1 end
+local needed, lacks = snapshot_needed(KEYS[5], KEYS[6], KEYS[8], marks, ARGV[7], ARGV[8], since)
 redis.call('HSET', KEYS[2], ARGV[1], applied)
 local last = '0-0'
 local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
@@ -201,7 +219,7 @@ if newest[1] then last = newest[1][1] end
 local trimmed = redis.call('GET', KEYS[7]) or '0-0'
 local covered = 0
 if covers(KEYS[8], since) then covered = 1 end
-return {continuous, last, redis.call('ZCARD', KEYS[1]), since, needed, kept, trimmed, covered}
+return {continuous, last, redis.call('ZCARD', KEYS[1]), since, needed, kept, trimmed, covered, lacks}
 ",
         ]
         .concat(),
@@ -291,6 +309,10 @@ pub(super) struct Renewal {
     pub(super) kept: bool,
     /// The newest entry trimmed from the stream (`START`: none).
     pub(super) trimmed: StreamPosition,
+    /// The member is fresh in an earlier record whose keys were needed,
+    /// and has not loaded them: it recovers (from the snapshot that met the
+    /// need, or one under this record).
+    pub(super) lacks_what_preceded: bool,
 }
 
 impl FleetSync {
@@ -310,7 +332,7 @@ impl FleetSync {
         };
         let sent_at = Instant::now();
         let mut connection = self.inner.connection.get().await?;
-        type Reply = (u8, StreamPosition, u64, u64, u8, u8, StreamPosition, u8);
+        type Reply = (u8, StreamPosition, u64, u64, u8, u8, StreamPosition, u8, u8);
         let reply: Result<Reply, _> = RENEW
             .key(&keys.leases)
             .key(&keys.applied)
@@ -338,7 +360,7 @@ impl FleetSync {
             Ok(reply) => self.replicated(&mut connection).await.map(|()| reply),
             Err(error) => Err(error.into()),
         };
-        let (continuous, last, members, fleet_since, snapshot_needed, kept, trimmed, covers) =
+        let (continuous, last, members, fleet_since, snapshot_needed, kept, trimmed, covers, lacks) =
             replicated.inspect_err(|_| {
                 self.state().lease_in_doubt = true;
             })?;
@@ -353,6 +375,7 @@ impl FleetSync {
             snapshot_covers: covers == 1,
             kept: kept == 1,
             trimmed,
+            lacks_what_preceded: lacks == 1,
         })
     }
 
@@ -361,9 +384,10 @@ impl FleetSync {
     /// its stream's start with nothing certain from before it, and the mark
     /// may have been set or deleted.
     ///
-    /// Returns whether the record is unmarked and a lease old: every member
-    /// from before that renews has marked it by then, so no member holds
-    /// keys from before it that the fleet still wants.
+    /// Returns whether the record is unmarked and a lease old, and this
+    /// member lacks nothing an earlier record needed: every member from
+    /// before that renews has marked it by then, so no member holds keys
+    /// from before it that the fleet still wants.
     pub(super) async fn refresh_record(&self) -> Result<bool, FleetError> {
         let keys = &self.inner.keys;
         let (known, (fresh_in, lacked)) = {
@@ -371,7 +395,7 @@ impl FleetSync {
             (state.leased_in, state.lack())
         };
         let mut connection = self.inner.connection.get().await?;
-        let (since, needed, aged): (u64, u8, u8) = RECORD
+        let (since, needed, aged, lacks): (u64, u8, u8, u8) = RECORD
             .key(&keys.since)
             .key(&keys.record)
             .key(&keys.snapshot_needed)
@@ -392,10 +416,14 @@ impl FleetSync {
             state.stream_resets += 1;
             state.position = StreamPosition::START;
             state.catch_up_to = None;
-            state.fresh_in = Some(since);
+            if lacks == 0 {
+                state.fresh_in = Some(since);
+            }
+            // Otherwise fresh in the earlier record still: told so at each
+            // look until it loads what that one needed.
         }
         state.snapshot_needed = needed == 1;
-        Ok(needed == 0 && aged == 1)
+        Ok(needed == 0 && aged == 1 && lacks == 0)
     }
 
     /// How long writers still wait out the fleet record's first lease.

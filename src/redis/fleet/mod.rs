@@ -57,9 +57,10 @@
 //!   record lasts, a member that started at the new stream's start holds
 //!   none of those keys: it recovers (fenced) from that snapshot, or from a
 //!   rebuild of its own source. A later record over the kept stream (a
-//!   restart, a failover) carries the mark on until a snapshot has met it,
-//!   and a member still without those keys marks it again itself (a dump
-//!   saved before the mark was). A member from before that does not renew
+//!   restart, a failover) carries the mark on until a snapshot has met the
+//!   need, which then ends; a member still without those keys loads that
+//!   snapshot, and while none has met the need it marks the later record
+//!   itself (a dump saved before the mark was). A member from before that does not renew
 //!   within the new record's first lease (stalled) is not known to the
 //!   ones that join meanwhile. A member that was fenced when the record
 //!   began anew counts as starting afresh, and stays fenced until a
@@ -95,7 +96,9 @@
 //!   member from before can vouch for the keys acknowledged before (none
 //!   is left, or each was fenced when it happened, as when Redis was down
 //!   for longer than a lease): deleting `{name}:snapshot:needed` accepts
-//!   that those keys are lost, and the members take the new stream.
+//!   that those keys are lost, and the members take the new stream (a
+//!   restart within a lease of the deletion may have them mark the next
+//!   record: delete it again).
 //!
 //! **Clocks.** Durations are measured on each machine's monotonic clock and on
 //! Redis's; no wall clock is compared. The leases assume that these clocks
@@ -844,12 +847,14 @@ impl FleetSync {
                 // member had got that far; from its start otherwise, which
                 // past a trim is a recovery. The consumer notices the move
                 // (`apply_next`); targets in the old stream are gone with it.
-                if !state.record_confirmed || state.fenced {
+                if (!state.record_confirmed || state.fenced) && !renewal.lacks_what_preceded {
                     // Joined under the record before and never saw it
                     // confirmed, or fenced (its lease lapsed, or it was
                     // catching up): whatever it holds of that record may
                     // lack what its end lost, a restart from an older dump
                     // or a failover to a replica that lacked the last writes.
+                    // (One lacking the keys an earlier record needed stays
+                    // fresh in that one: told so until it loads them.)
                     state.fresh_in = Some(renewal.fleet_since);
                     state.fresh_until_renewed_after = Some(renewal.sent_at + lease);
                 }
@@ -882,8 +887,8 @@ impl FleetSync {
                 state.fresh_until_renewed_after = None;
             }
             state.snapshot_needed = renewal.snapshot_needed;
-            let lacks_what_is_needed =
-                renewal.snapshot_needed && state.fresh_in == Some(renewal.fleet_since);
+            let lacks_what_is_needed = renewal.lacks_what_preceded
+                || (renewal.snapshot_needed && state.fresh_in == Some(renewal.fleet_since));
             if lacks_what_is_needed {
                 // Started at the new stream's start: the keys from before
                 // the loss are in other members' sets only.
@@ -1106,6 +1111,7 @@ mod tests {
             snapshot_covers: false,
             kept: false,
             trimmed: StreamPosition::START,
+            lacks_what_preceded: false,
         }
     }
 

@@ -84,10 +84,12 @@ fn decode_keys(mut encoded: &[u8]) -> Option<Vec<&[u8]>> {
 }
 
 /// Removes the entries before `ARGV[1]`, recording the newest it removed
-/// in `KEYS[2]` (as `APPEND` does).
+/// in `KEYS[2]` (as `APPEND` does). Nothing is before `0-0` (a snapshot
+/// taken of an empty stream), and Redis refuses the range `(0-0`.
 static TRIM_BEFORE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+if ARGV[1] == '0-0' then return 0 end
 local newest = redis.call('XREVRANGE', KEYS[1], '(' .. ARGV[1], '-', 'COUNT', 1)
 if newest[1] then
   redis.call('SET', KEYS[2], newest[1][1])

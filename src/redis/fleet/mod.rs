@@ -98,7 +98,14 @@
 //!   for longer than a lease): deleting `{name}:snapshot:needed` accepts
 //!   that those keys are lost, and the members take the new stream (a
 //!   restart within a lease of the deletion may have them mark the next
-//!   record: delete it again).
+//!   record: delete it again). Two restarts in a row can also leave such a
+//!   fleet fenced with a mark no member can meet: a restart that a caught-up
+//!   member marked (Redis may have cut the stream's end, which it holds),
+//!   followed by another before that member published, which every member
+//!   lived through fenced (each then counts as fresh in the new record); or
+//!   a member cut off from Redis for all of one record that still lacked
+//!   the keys a loss before it needed. Members with a source rebuild;
+//!   without one, deleting the mark ends it, as above.
 //!
 //! **Clocks.** Durations are measured on each machine's monotonic clock and on
 //! Redis's; no wall clock is compared. The leases assume that these clocks
@@ -721,6 +728,9 @@ impl FleetSync {
             state.record_confirmed = false;
             state.leased_in = None;
             state.fresh_until_renewed_after = None;
+            // Learnt again by the first renewal; a stale one from before
+            // leaving would have this member mark records it lacks nothing of.
+            state.snapshot_needed = false;
         }
         tokio::time::sleep(grace).await;
         let snapshot = match self.load_covering_snapshot(None).await {

@@ -106,6 +106,19 @@ fn as_after_a_failover(connection: &mut redis::Connection, fleet: &str) {
         .unwrap();
 }
 
+/// Whether the fleet's snapshot holds the keys from before its record
+/// began (published under the record by a member that held them).
+fn snapshot_covers_the_record(connection: &mut redis::Connection, fleet: &str) -> bool {
+    let (manifest, since): (Option<String>, Option<String>) = redis::pipe()
+        .get(format!("{{{fleet}}}:snapshot"))
+        .get(format!("{{{fleet}}}:since"))
+        .query(connection)
+        .unwrap();
+    manifest
+        .zip(since)
+        .is_some_and(|(manifest, since)| manifest.ends_with(&format!(" 0 {since}")))
+}
+
 /// Waits until the member is caught up (not fenced).
 async fn caught_up(member: &Member) {
     wait_until("the member to catch up", || !member.guard().is_fenced()).await;
@@ -705,17 +718,7 @@ async fn a_met_need_is_not_carried_to_a_restart_every_member_lived_through_fence
     let mut connection = server.client().get_connection().unwrap();
     let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
     wait_until("a snapshot holding the keys from before the loss", || {
-        let manifest: Option<String> = redis::cmd("GET")
-            .arg("{met}:snapshot")
-            .query(&mut connection)
-            .unwrap();
-        let since: Option<String> = redis::cmd("GET")
-            .arg("{met}:since")
-            .query(&mut connection)
-            .unwrap();
-        manifest
-            .zip(since)
-            .is_some_and(|(manifest, since)| manifest.ends_with(&format!(" 0 {since}")))
+        snapshot_covers_the_record(&mut connection, "met")
     })
     .await;
     a.fleet
@@ -772,19 +775,9 @@ async fn a_member_lacking_what_a_met_need_held_loads_it_after_a_restart() {
     }
     caught_up(&a).await;
     let mut connection = server.client().get_connection().unwrap();
-    let covering = |connection: &mut redis::Connection| {
-        let (manifest, since): (Option<String>, Option<String>) = redis::pipe()
-            .get("{lacking}:snapshot")
-            .get("{lacking}:since")
-            .query(connection)
-            .unwrap();
-        manifest
-            .zip(since)
-            .is_some_and(|(manifest, since)| manifest.ends_with(&format!(" 0 {since}")))
-    };
     let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
     wait_until("a snapshot holding the keys from before the loss", || {
-        covering(&mut connection)
+        snapshot_covers_the_record(&mut connection, "lacking")
     })
     .await;
     // `z` joins when no snapshot is at hand (and `a` cannot publish one):
@@ -800,7 +793,7 @@ async fn a_member_lacking_what_a_met_need_held_loads_it_after_a_restart() {
     to_z.stall();
     to_a.resume();
     wait_until("`a` to publish the keys from before again", || {
-        covering(&mut connection)
+        snapshot_covers_the_record(&mut connection, "lacking")
     })
     .await;
     stall_until_fenced(&to_a, &a).await;

@@ -136,6 +136,26 @@ fn snapshot_covers_the_record(connection: &mut redis::Connection, fleet: &str) -
         .is_some_and(|(manifest, since)| manifest.ends_with(&format!(" 0 {since}")))
 }
 
+/// Whether `{name}:snapshot:needed` names the fleet's record now.
+fn record_is_marked(connection: &mut redis::Connection, fleet: &str) -> bool {
+    let (marked, since): (Option<u64>, Option<u64>) = redis::pipe()
+        .get(format!("{{{fleet}}}:snapshot:needed"))
+        .get(format!("{{{fleet}}}:since"))
+        .query(connection)
+        .unwrap();
+    marked.is_some() && marked == since
+}
+
+/// Writes 20 keys through `member` (acknowledged by the fleet) and returns
+/// them: the keys from before the loss that a test then looks for.
+async fn write_keys_from_before(member: &Member) -> Vec<String> {
+    let before: Vec<String> = (0..20).map(|n| format!("before:{n}")).collect();
+    for key in &before {
+        member.fleet.insert_then_write(key, async {}).await.unwrap();
+    }
+    before
+}
+
 /// Waits until the member is caught up (not fenced).
 async fn caught_up(member: &Member) {
     wait_until("the member to catch up", || !member.guard().is_fenced()).await;
@@ -443,10 +463,7 @@ async fn after_redis_lost_its_data_no_member_publishes_its_old_position() {
 async fn a_member_joining_after_redis_lost_its_data_holds_the_keys_from_before() {
     let server = RedisServer::start();
     let a = join(guard("a"), server.client(), "amnesia").await;
-    let before: Vec<String> = (0..20).map(|n| format!("before:{n}")).collect();
-    for key in &before {
-        a.fleet.insert_then_write(key, async {}).await.unwrap();
-    }
+    let before = write_keys_from_before(&a).await;
     caught_up(&a).await;
     // Redis loses its data, and a writer appends to the new stream before
     // `a` renews: `a` catches up with it, fenced, when it learns of the loss.
@@ -682,10 +699,7 @@ async fn a_member_lapsed_when_redis_restarted_from_an_older_dump_recovers() {
 async fn a_member_that_missed_the_snapshot_from_before_a_loss_still_recovers() {
     let server = RedisServer::start();
     let a = join(guard("a"), server.client(), "late").await;
-    let before: Vec<String> = (0..20).map(|n| format!("before:{n}")).collect();
-    for key in &before {
-        a.fleet.insert_then_write(key, async {}).await.unwrap();
-    }
+    let before = write_keys_from_before(&a).await;
     caught_up(&a).await;
     let mut connection = server.client().get_connection().unwrap();
     let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
@@ -727,10 +741,7 @@ async fn a_met_need_is_not_carried_to_a_restart_every_member_lived_through_fence
     let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
     let a = join(guard("a"), proxy.client(), "met").await;
     let b = join(guard("b"), proxy.client(), "met").await;
-    let before: Vec<String> = (0..20).map(|n| format!("before:{n}")).collect();
-    for key in &before {
-        a.fleet.insert_then_write(key, async {}).await.unwrap();
-    }
+    let before = write_keys_from_before(&a).await;
     caught_up(&b).await;
     let mut connection = server.client().get_connection().unwrap();
     let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
@@ -765,12 +776,10 @@ async fn a_met_need_is_not_carried_to_a_restart_every_member_lived_through_fence
     // members that count as fresh since the restart).
     a.fleet.publish_snapshot().await.unwrap();
     tokio::time::sleep(LEASE * 4).await;
-    let (marked, since): (Option<u64>, u64) = redis::pipe()
-        .get("{met}:snapshot:needed")
-        .get("{met}:since")
-        .query(&mut connection)
-        .unwrap();
-    assert_ne!(marked, Some(since), "the met need came back");
+    assert!(
+        !record_is_marked(&mut connection, "met"),
+        "the met need came back"
+    );
     caught_up(&a).await;
     caught_up(&b).await;
 }
@@ -786,10 +795,7 @@ async fn a_member_lacking_what_a_met_need_held_loads_it_after_a_restart() {
     let to_a = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
     let to_z = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
     let a = join(guard("a"), to_a.client(), "lacking").await;
-    let before: Vec<String> = (0..20).map(|n| format!("before:{n}")).collect();
-    for key in &before {
-        a.fleet.insert_then_write(key, async {}).await.unwrap();
-    }
+    let before = write_keys_from_before(&a).await;
     caught_up(&a).await;
     let mut connection = server.client().get_connection().unwrap();
     let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
@@ -837,10 +843,7 @@ async fn a_member_lacking_what_a_lost_mark_needed_marks_the_next_record() {
     let server = RedisServer::start();
     let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
     let a = join(guard("a"), proxy.client(), "unsaved").await;
-    let before: Vec<String> = (0..20).map(|n| format!("before:{n}")).collect();
-    for key in &before {
-        a.fleet.insert_then_write(key, async {}).await.unwrap();
-    }
+    let before = write_keys_from_before(&a).await;
     caught_up(&a).await;
     // `a` lives through the loss fenced: it holds the keys, but cannot
     // vouch for them, and no member can publish them.
@@ -865,12 +868,7 @@ async fn a_member_lacking_what_a_lost_mark_needed_marks_the_next_record() {
         .query(&mut connection)
         .unwrap();
     wait_until("a member without the keys to mark the new record", || {
-        let (marked, since): (Option<u64>, Option<u64>) = redis::pipe()
-            .get("{unsaved}:snapshot:needed")
-            .get("{unsaved}:since")
-            .query(&mut connection)
-            .unwrap();
-        marked.is_some() && marked == since
+        record_is_marked(&mut connection, "unsaved")
     })
     .await;
     for _ in 0..200 {

@@ -203,7 +203,11 @@ impl AtomicBloom {
         // one instruction. Against no prefetch it measured the same at 1M
         // keys and within noise at 10M; see `prefetch` for what it asks.
         prefetch::<true>(self.block_of(hash));
-        self.insert_prefetched(hash)
+        let newly_set = self.set_prefetched(hash);
+        if newly_set > 0 {
+            self.set_bits.add(u64::from(newly_set));
+        }
+        newly_set > 0
     }
 
     /// Inserts every key, hashing a group ahead and prefetching its blocks so
@@ -217,28 +221,33 @@ impl AtomicBloom {
     /// # Ok::<(), bloomguard::ConfigError>(())
     /// ```
     pub fn insert_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> u64 {
-        let mut added = 0;
+        let (mut added, mut newly_set) = (0, 0);
         self.in_prefetched_groups::<true>(
             keys.len(),
             |i| self.hash(keys[i].as_ref()),
-            |_, hash| added += u64::from(self.insert_prefetched(hash)),
+            |_, hash| {
+                let set = self.set_prefetched(hash);
+                added += u64::from(set > 0);
+                newly_set += u64::from(set);
+            },
         );
+        // Once per call: on a thread without a section record (a rebuild's
+        // worker) each add is a locked instruction.
+        self.set_bits.add(newly_set);
         added
     }
 
+    /// Sets the hash's bits, returning how many were newly set; the caller
+    /// adds them to `set_bits`.
     #[inline]
-    fn insert_prefetched(&self, hash: u64) -> bool {
+    fn set_prefetched(&self, hash: u64) -> u32 {
         // Most inserts into a warm filter find their bits set already: reading
         // first skips the locked instructions and leaves the line clean.
         let block = self.block_of(hash);
         if (self.kernel.contains)(block, hash) {
-            return false;
+            return 0;
         }
-        let newly_set = (self.kernel.insert)(block, hash);
-        if newly_set > 0 {
-            self.set_bits.add(u64::from(newly_set));
-        }
-        newly_set > 0
+        (self.kernel.insert)(block, hash)
     }
 
     /// [`contains`](Self::contains) for a key already hashed with [`hash`](Self::hash).

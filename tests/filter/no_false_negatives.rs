@@ -14,16 +14,16 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let filter = AtomicBloom::with_seed(expected_items, fp_rate, seed).unwrap();
-        for key in &keys {
-            filter.insert(key);
-        }
+        let added = keys.iter().filter(|key| filter.insert(key)).count() as u64;
         for key in &keys {
             prop_assert!(filter.contains(key));
         }
-        // The bulk path sets exactly the bits the single path does.
+        // The bulk path sets exactly the bits the single path does, and
+        // counts them and the keys that set one alike.
         let bulk = AtomicBloom::with_seed(expected_items, fp_rate, seed).unwrap();
-        bulk.insert_many(&keys);
+        prop_assert_eq!(bulk.insert_many(&keys), added);
         prop_assert_eq!(bulk.to_bytes(), filter.to_bytes());
+        prop_assert_eq!(bulk.stats().set_bits, filter.stats().set_bits);
         let mut found = vec![false; keys.len()];
         filter.contains_many(&keys, &mut found);
         prop_assert!(found.iter().all(|&f| f));

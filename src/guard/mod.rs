@@ -919,7 +919,7 @@ impl fmt::Debug for LiveFilters {
 
 /// Keys [`Guard::check_many`] hashes and probes together: enough to
 /// overlap their cache misses, few enough to stay on the stack.
-const CHECK_GROUP: usize = 64;
+pub(crate) const CHECK_GROUP: usize = 64;
 
 /// # Panics
 /// If `out` is shorter than `keys`.

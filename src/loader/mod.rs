@@ -430,7 +430,10 @@ where
     /// If [`Loader::load_many`] answers another number of values than it
     /// was given keys: the keys left over would read as not found.
     pub async fn get_many(&self, keys: &[K]) -> Result<Vec<Option<L::Value>>, Arc<L::Error>> {
-        let (_, values) = self.load_routed(keys, Verify::All).await?;
+        let mut values = vec![None; keys.len()];
+        for (index, value) in self.load_routed(keys, Verify::All, |_, _| {}).await? {
+            values[index] = value;
+        }
         Ok(values)
     }
 
@@ -463,39 +466,56 @@ where
     /// If [`Loader::load_many`] answers another number of values than it
     /// was given keys: the keys left over would read as not found.
     pub async fn contains_many(&self, keys: &[K]) -> Result<Vec<bool>, Arc<L::Error>> {
-        let (routes, values) = self.load_routed(keys, self.verify).await?;
-        Ok(routes
-            .iter()
-            .zip(&values)
-            .map(|(&route, value)| route == Route::Trusted || value.is_some())
-            .collect())
+        let mut answers = vec![false; keys.len()];
+        let loaded = self
+            .load_routed(keys, self.verify, |index, route| {
+                answers[index] = route == Route::Trusted;
+            })
+            .await?;
+        for (index, value) in loaded {
+            answers[index] = value.is_some();
+        }
+        Ok(answers)
     }
 
-    /// Checks `keys`, routes each, and loads the ones to ask in one batch.
+    /// Checks `keys` and routes each: tells `settled` the index and route
+    /// of every key answered without the backend, and loads the others in
+    /// one batch, returning their indices and values. A batch that asks
+    /// nothing allocates nothing here (the verdicts live on the stack, one
+    /// group of keys at a time), so the caller's answer is its only one.
     async fn load_routed(
         &self,
         keys: &[K],
         verify: Verify,
-    ) -> Result<(Vec<Route>, Vec<Option<L::Value>>), Arc<L::Error>> {
-        let mut verdicts = vec![Verdict::Warming; keys.len()];
-        self.inner.guard.check_many(keys, &mut verdicts);
-        let routes: Vec<Route> = keys
-            .iter()
-            .zip(&verdicts)
-            .map(|(key, &verdict)| self.route(key.as_ref(), verdict, verify))
-            .collect();
-        let asked: Vec<usize> = (0..keys.len())
-            .filter(|&index| routes[index] == Route::Ask)
-            .collect();
-        let mut values: Vec<Option<L::Value>> = vec![None; keys.len()];
+        mut settled: impl FnMut(usize, Route),
+    ) -> Result<Vec<(usize, Option<L::Value>)>, Arc<L::Error>> {
+        const GROUP: usize = crate::guard::CHECK_GROUP;
+        let mut asked: Vec<(usize, Verdict)> = Vec::new();
+        let mut verdicts = [Verdict::Warming; GROUP];
+        for (group_index, group) in keys.chunks(GROUP).enumerate() {
+            let verdicts = &mut verdicts[..group.len()];
+            self.inner.guard.check_many(group, verdicts);
+            for (offset, (key, &verdict)) in group.iter().zip(verdicts.iter()).enumerate() {
+                let index = group_index * GROUP + offset;
+                match self.route(key.as_ref(), verdict, verify) {
+                    Route::Ask => asked.push((index, verdict)),
+                    route => settled(index, route),
+                }
+            }
+        }
         if asked.is_empty() {
-            return Ok((routes, values));
+            return Ok(Vec::new());
         }
         let asked_at = Instant::now();
         let loaded = self
             .inner
             .loader
-            .load_many(asked.iter().map(|&index| keys[index].clone()).collect())
+            .load_many(
+                asked
+                    .iter()
+                    .map(|&(index, _)| keys[index].clone())
+                    .collect(),
+            )
             .await
             .map_err(Arc::new)?;
         // A short answer would read as "not found" for the keys left over.
@@ -506,11 +526,14 @@ where
             loaded.len(),
             asked.len()
         );
-        for (&index, value) in asked.iter().zip(loaded) {
-            self.record_answer(&keys[index], verdicts[index], value.is_some(), asked_at);
-            values[index] = value;
-        }
-        Ok((routes, values))
+        Ok(asked
+            .into_iter()
+            .zip(loaded)
+            .map(|((index, verdict), value)| {
+                self.record_answer(&keys[index], verdict, value.is_some(), asked_at);
+                (index, value)
+            })
+            .collect())
     }
 
     /// Where the answer for `key`, checked `verdict`, comes from; counts a

@@ -1,5 +1,6 @@
 //! The `Absent` paths of `GuardService` and `GuardedLoader` allocate
-//! nothing: a counting global allocator watches the calls.
+//! nothing, and a batch of absent keys only its answer: a counting global
+//! allocator watches the calls.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -131,6 +132,49 @@ fn the_loader_answers_absent_keys_without_allocating() {
     );
     // A maybe still reaches the backend with the owned key.
     assert_eq!(run_to_completion(loader.get("item:1")), Some(1));
+}
+
+/// The seen-items gate's batch: ~120 candidates a request, none of them
+/// seen. Its answer is the one allocation; the routing and the verdicts
+/// used to add four more to every call.
+#[test]
+fn a_batch_of_absent_keys_allocates_only_its_answer() {
+    let guard = Guard::builder().expected_items(10_000).build().unwrap();
+    guard.insert("user:1:item:1");
+    let seen = GuardedLoader::new(guard.clone(), |_key: String| async {
+        Ok::<Option<u32>, Infallible>(Some(1))
+    });
+    let candidates: Vec<String> = (0..12_000)
+        .map(|i| format!("user:1:item:absent-{i}"))
+        .filter(|key| guard.check(key).is_absent())
+        .collect();
+    let batches: Vec<&[String]> = candidates.chunks(120).collect();
+    // Warm-up: a thread's first check claims its read-section record.
+    let _ = ready_now(seen.contains_many(batches[0]));
+
+    let allocations = allocations_in(|| {
+        for batch in &batches {
+            let answers = ready_now(seen.contains_many(batch)).unwrap();
+            assert!(answers.len() == batch.len() && answers.iter().all(|&seen| !seen));
+            let values = ready_now(seen.get_many(batch)).unwrap();
+            assert!(values.len() == batch.len() && values.iter().all(Option::is_none));
+        }
+    });
+    assert!(batches.len() > 90, "{} batches", batches.len());
+    assert_eq!(
+        allocations,
+        2 * batches.len(),
+        "{allocations} allocations for {} pairs of calls",
+        batches.len()
+    );
+    // A maybe still reaches the backend, in the order of the batch.
+    let mixed = [candidates[0].clone(), "user:1:item:1".to_string()];
+    let values = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(seen.get_many(&mixed))
+        .unwrap();
+    assert_eq!(values, [None, Some(1)]);
 }
 
 /// Runs a future that may wait (the backend call) on a small runtime.

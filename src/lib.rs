@@ -1,3 +1,18 @@
+// Link definitions ahead of the README's: the first of two wins, so rustdoc
+// links items where GitHub, reading the README's own, links their source.
+#![doc = "[`AtomicBloom`]: crate::AtomicBloom"]
+#![doc = "[`Guard`]: crate::Guard"]
+#![doc = "[`KeySource`]: crate::KeySource"]
+#![doc = "[`GuardLayer`]: crate::GuardLayer"]
+#![doc = "[`GuardService`]: crate::GuardService"]
+#![doc = "[`InsertLayer`]: crate::InsertLayer"]
+#![doc = "[`GuardedLoader`]: crate::GuardedLoader"]
+#![doc = "[`PgSource`]: crate::postgres::PgSource"]
+#![doc = "[`PgLoader`]: crate::postgres::PgLoader"]
+#![doc = "[`RedisSource`]: crate::redis::RedisSource"]
+#![doc = "[`RedisLoader`]: crate::redis::RedisLoader"]
+#![doc = "[`FleetSync`]: crate::redis::FleetSync"]
+#![doc = "[`verify`]: crate::verify"]
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -34,19 +34,34 @@ pub struct KeyFn<F>(F);
 /// Makes a closure `|req| -> Option<Cow<str>>` an [`HttpKey`] (the bound
 /// here lets Rust infer a key borrowed from the request).
 ///
+/// The closure answers for every request the layer wraps: return `None`
+/// for each one that is not a read of the item (other methods, other
+/// routes, deeper paths), or the guard answers 404 for them.
+///
 /// ```
 /// use std::borrow::Cow;
-/// use axum::{body::Body, http::Request};
-/// use bloomguard::layer::key_fn;
+/// use axum::{body::Body, http::{Method, Request}};
+/// use bloomguard::layer::{HttpKey, key_fn};
 ///
-/// // The tenant header and the decoded id, as the store names the item.
+/// // GET /items/{id}: the tenant header and the decoded id, as the store
+/// // names the item.
 /// let key = key_fn(|req: &Request<Body>| {
+///     if req.method() != Method::GET {
+///         return None; // a write creates the id: never 404 it
+///     }
 ///     let tenant = req.headers().get("x-tenant")?.to_str().ok()?;
 ///     let id = req.uri().path().strip_prefix("/items/")?;
+///     if id.is_empty() || id.contains('/') {
+///         return None; // `/items/` or `/items/42/comments`: another route
+///     }
 ///     let id = percent_encoding::percent_decode_str(id).decode_utf8().ok()?;
 ///     Some(Cow::Owned(format!("{tenant}:{id}")))
 /// });
-/// # let _ = key;
+/// let get = |path: &str| {
+///     Request::get(path).header("x-tenant", "t").body(Body::empty()).unwrap()
+/// };
+/// assert_eq!(key.key(&get("/items/a%20b")).as_deref(), Some("t:a b"));
+/// assert_eq!(key.key(&get("/items/42/comments")), None);
 /// ```
 pub fn key_fn<B, F>(key: F) -> KeyFn<F>
 where
@@ -89,6 +104,19 @@ impl<F> fmt::Debug for KeyFn<F> {
 /// the layer on the route alone (`get(read_item).layer(…)`), or keep static
 /// routes of the template's shape out from under it: the guard would answer
 /// 404 for them.
+///
+/// **Nests.** With the `axum` feature, the id is the path's segment where
+/// the matched route ends with the template, so a layer inside a `nest`
+/// (which sees `/items/42`) and one outside it (`/api/items/42`) key the
+/// same id. Without it, the template is the whole path the layer sees: put
+/// the [`GuardLayer`] and the [`InsertLayer`](crate::InsertLayer) on the
+/// same router, as the examples do.
+///
+/// **Ids the handler parses.** The key is the segment's text. A handler
+/// taking `Path<u64>` or `Path<Uuid>` reads `/items/042` as item 42 and an
+/// upper-case UUID as the lower-case one; give both sides one spelling with
+/// [`map`](Self::map) (parse, and format the parsed value), or the guard
+/// answers 404 for the other spellings of a stored id.
 ///
 /// ```
 /// use axum::http::{Method, Request};
@@ -173,8 +201,34 @@ impl PathKey {
     /// The decoded parameter of `path`, if `path` is this route.
     pub fn parameter<'p>(&self, path: &'p str) -> Option<Cow<'p, str>> {
         let mut parts = path.strip_prefix('/')?.split('/');
+        let parameter = Self::parameter_of(self.segments.iter(), &mut parts)?;
+        if parts.next().is_some() {
+            return None;
+        }
+        percent_decode_str(parameter).decode_utf8().ok()
+    }
+
+    /// [`parameter`](Self::parameter) of the path's last segments, as many
+    /// as the template has, for a request axum routed to this template: a
+    /// layer outside a `nest` sees the nest's prefix that the route's own
+    /// handler does not, and must key the same id.
+    #[cfg(feature = "axum")]
+    fn parameter_at_end<'p>(&self, path: &'p str) -> Option<Cow<'p, str>> {
+        let mut parts = path.rsplit('/');
+        let parameter = Self::parameter_of(self.segments.iter().rev(), &mut parts)?;
+        // The path's leading '/' (or the prefix's last segment) precedes them.
+        parts.next()?;
+        percent_decode_str(parameter).decode_utf8().ok()
+    }
+
+    /// The raw parameter where `parts` has the template's `segments`, in
+    /// the same order (a literal is compared raw, as axum matches it).
+    fn parameter_of<'s, 'p>(
+        segments: impl Iterator<Item = &'s Option<String>>,
+        parts: &mut impl Iterator<Item = &'p str>,
+    ) -> Option<&'p str> {
         let mut parameter = None;
-        for segment in &self.segments {
+        for segment in segments {
             let part = parts.next()?;
             match segment {
                 Some(literal) if literal == part => {}
@@ -183,10 +237,7 @@ impl PathKey {
                 None => parameter = Some(part),
             }
         }
-        if parts.next().is_some() {
-            return None;
-        }
-        percent_decode_str(parameter?).decode_utf8().ok()
+        parameter
     }
 
     /// Whether `matched`, a route as axum spells it (`/api/items/{id}`
@@ -213,15 +264,17 @@ impl<B> HttpKey<B> for PathKey {
         if self.method.as_ref().is_some_and(|m| m != request.method()) {
             return None;
         }
+        let path = request.uri().path();
         // A router's layer wraps its static routes too: `/items/featured`
         // has the template's shape, but axum routed it elsewhere.
         #[cfg(feature = "axum")]
-        if let Some(matched) = request.extensions().get::<axum::extract::MatchedPath>()
-            && !self.is_route(matched.as_str())
-        {
-            return None;
-        }
-        let parameter = self.parameter(request.uri().path())?;
+        let parameter = match request.extensions().get::<axum::extract::MatchedPath>() {
+            Some(matched) if !self.is_route(matched.as_str()) => return None,
+            Some(_) => self.parameter_at_end(path)?,
+            None => self.parameter(path)?,
+        };
+        #[cfg(not(feature = "axum"))]
+        let parameter = self.parameter(path)?;
         Some(match self.map {
             Some(to_key) => Cow::Owned(to_key(&parameter)),
             None => parameter,

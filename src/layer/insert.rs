@@ -24,6 +24,21 @@ use crate::guard::{Guard, PendingWrite};
 /// [`Guard::insert_then_write`](crate::Guard::insert_then_write) for the
 /// writes that then need to be cancel-safe.
 ///
+/// A write whose request has no key (another route, another method) goes
+/// through without an insert, as it must for the routes that write other
+/// things. So every request that stores an item has to be one the key
+/// names, and the same id the guard layer's key reads back:
+/// - **each write method:** `PathKey::method` takes one; for `POST` and
+///   `PUT` both, stack an `InsertLayer` for each;
+/// - **each route that writes the item:** an alias such as `/items/{id}/`
+///   beside `/items/{id}` is another route, with no key; give it its own
+///   layer keyed on its template (`PathKey::route("/items/{id}/")`);
+/// - **the same nest level as the guard layer**, unless the `axum` feature
+///   is on (see [`PathKey`](crate::layer::PathKey), "Nests").
+///
+/// A stored item whose write was not keyed is answered 404 until a rebuild
+/// from the store picks it up.
+///
 /// ```
 /// use axum::{Router, http::Method, routing::post};
 /// use bloomguard::{Guard, InsertLayer, layer::PathKey};

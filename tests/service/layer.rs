@@ -260,3 +260,93 @@ async fn a_static_sibling_route_is_not_guarded_as_the_template() {
     }
     assert_eq!(guard.stats().checks.absent, 2);
 }
+
+/// The guard layer and the insert layer at different `nest` levels: the
+/// layer inside sees the path with the nest's prefix stripped, the one
+/// outside sees all of it, and axum's matched route names the whole route
+/// for both. Both must key the same id, or the write's key never reaches
+/// the filter and the read answers 404 for an item just stored.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn layers_at_different_nest_levels_key_the_same_id() {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+
+    use axum::Router;
+    use axum::body::Body;
+    use axum::extract::{Path, State};
+    use axum::routing::get;
+
+    type Store = Arc<Mutex<HashSet<String>>>;
+    async fn read(State(store): State<Store>, Path(id): Path<String>) -> StatusCode {
+        if store.lock().unwrap().contains(&id) {
+            StatusCode::OK
+        } else {
+            StatusCode::NOT_FOUND
+        }
+    }
+    async fn write(State(store): State<Store>, Path(id): Path<String>) -> StatusCode {
+        store.lock().unwrap().insert(id);
+        StatusCode::CREATED
+    }
+    let items = |store: &Store| {
+        Router::new()
+            .route("/items/{id}", get(read).post(write))
+            .with_state(store.clone())
+    };
+    let read_key = || PathKey::route("/items/{id}").method(Method::GET);
+    let write_key = || PathKey::route("/items/{id}").method(Method::POST);
+
+    for guard_inside in [true, false] {
+        let guard = guard_with(&[]);
+        let store = Store::default();
+        let app = if guard_inside {
+            let inner = items(&store).layer(GuardLayer::for_http(guard.clone(), read_key()));
+            Router::new()
+                .nest("/api", inner)
+                .layer(InsertLayer::for_http(guard.clone(), write_key()))
+        } else {
+            let inner = items(&store).layer(InsertLayer::for_http(guard.clone(), write_key()));
+            Router::new()
+                .nest("/api", inner)
+                .layer(GuardLayer::for_http(guard.clone(), read_key()))
+        };
+        let status = |request: Request<Body>| {
+            let app = app.clone();
+            async move { app.oneshot(request).await.unwrap().status() }
+        };
+        let post = Request::post("/api/items/n%31")
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(status(post).await, StatusCode::CREATED);
+        assert!(store.lock().unwrap().contains("n1"));
+        let read = Request::get("/api/items/n1").body(Body::empty()).unwrap();
+        assert_eq!(
+            status(read).await,
+            StatusCode::OK,
+            "guard inside the nest: {guard_inside}; the item was stored"
+        );
+        assert_eq!(guard.stats().inserts, 1, "guard inside: {guard_inside}");
+        let missing = Request::get("/api/items/n2").body(Body::empty()).unwrap();
+        assert_eq!(status(missing).await, StatusCode::NOT_FOUND);
+        assert_eq!(
+            guard.stats().checks.absent,
+            1,
+            "guard inside: {guard_inside}"
+        );
+    }
+}
+
+/// A trailing-slash alias of the template is another route, with no key
+/// under the template; keyed on its own template, it names the same id.
+#[test]
+fn a_trailing_slash_alias_is_keyed_by_its_own_template() {
+    use bloomguard::layer::HttpKey;
+    let post = |path: &str| Request::post(path).body(()).unwrap();
+    let template = PathKey::route("/items/{id}").method(Method::POST);
+    let alias = PathKey::route("/items/{id}/").method(Method::POST);
+    assert_eq!(template.key(&post("/items/x/")), None);
+    assert_eq!(alias.key(&post("/items/x/")).as_deref(), Some("x"));
+    assert_eq!(alias.key(&post("/items/x")), None);
+    assert_eq!(template.key(&post("/items/x")).as_deref(), Some("x"));
+}

@@ -100,10 +100,13 @@ impl<F> fmt::Debug for KeyFn<F> {
 /// route of the router, and `/items/featured` has the shape of
 /// `/items/{id}`. With the `axum` feature, `PathKey` takes a key only on the
 /// route axum matched to this template (its `MatchedPath`, under any
-/// `nest`), so `/items/featured` reaches its own handler. Without it, put
-/// the layer on the route alone (`get(read_item).layer(…)`), or keep static
-/// routes of the template's shape out from under it: the guard would answer
-/// 404 for them.
+/// `nest`), so `/items/featured` reaches its own handler. That needs the
+/// layer inside the router (`Router::layer`, `route_layer`): one wrapped
+/// around the router from outside (`GuardLayer::layer(router)`, a
+/// `ServiceBuilder` around the app) runs before axum routes and sees no
+/// matched route. Without the feature, or outside, put the layer on the
+/// route alone (`get(read_item).layer(…)`), or keep static routes of the
+/// template's shape out from under it: the guard would answer 404 for them.
 ///
 /// **Nests.** With the `axum` feature, the id is the path's segment where
 /// the matched route ends with the template, so a layer inside a `nest`

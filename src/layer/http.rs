@@ -23,8 +23,19 @@ use crate::verify::Verify;
 /// wrap a closure with [`key_fn`]; return a borrowed key where you can (the
 /// absent path then allocates nothing) and an owned one where you must.
 pub trait HttpKey<B>: Send + Sync + 'static {
-    /// The key of `request`, if it has one.
+    /// The key of `request`, if it has one: what a [`GuardLayer`] checks.
     fn key<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>>;
+
+    /// The key an [`InsertLayer`](crate::InsertLayer) inserts before the
+    /// write: [`key`](Self::key) unless the implementation knows better.
+    /// The two sides err in opposite directions: a write keyed needlessly
+    /// costs a false positive, a write missed answers 404 for a stored
+    /// item; a read keyed wrongly answers 404, a read missed asks the
+    /// backend. So this may key requests `key` would not, never with
+    /// another id.
+    fn write_key<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
+        self.key(request)
+    }
 }
 
 /// A closure as an [`HttpKey`], from [`key_fn`].
@@ -108,12 +119,16 @@ impl<F> fmt::Debug for KeyFn<F> {
 /// route alone (`get(read_item).layer(…)`), or keep static routes of the
 /// template's shape out from under it: the guard would answer 404 for them.
 ///
-/// **Nests.** With the `axum` feature, the id is the path's segment where
-/// the matched route ends with the template, so a layer inside a `nest`
-/// (which sees `/items/42`) and one outside it (`/api/items/42`) key the
-/// same id. Without it, the template is the whole path the layer sees: put
-/// the [`GuardLayer`] and the [`InsertLayer`](crate::InsertLayer) on the
-/// same router, as the examples do.
+/// **Nests, and the two sides.** A [`GuardLayer`] keys a request only
+/// where it is sure to be the route: with the `axum` feature, where the
+/// route axum matched ends with the template, at any nest level (the id
+/// comes from the whole path the request came with, axum's `OriginalUri`);
+/// otherwise where the whole path the layer sees is the template (a layer
+/// outside a `nest` then lets the nest's requests through unguarded: give
+/// it the whole template, `/api/items/{id}`). An
+/// [`InsertLayer`](crate::InsertLayer) keys a write wherever the path ends
+/// with the template ([`HttpKey::write_key`]): the same id at any level,
+/// and a needless insert elsewhere costs only a false positive.
 ///
 /// **Ids the handler parses.** The key is the segment's text. A handler
 /// taking `Path<u64>` or `Path<Uuid>` reads `/items/042` as item 42 and an
@@ -212,10 +227,8 @@ impl PathKey {
     }
 
     /// [`parameter`](Self::parameter) of the path's last segments, as many
-    /// as the template has, for a request axum routed to this template: a
-    /// layer outside a `nest` sees the nest's prefix that the route's own
-    /// handler does not, and must key the same id.
-    #[cfg(feature = "axum")]
+    /// as the template has: the id wherever a prefix (a `nest`'s) puts the
+    /// template.
     fn parameter_at_end<'p>(&self, path: &'p str) -> Option<Cow<'p, str>> {
         let mut parts = path.rsplit('/');
         let parameter = Self::parameter_of(self.segments.iter().rev(), &mut parts)?;
@@ -261,27 +274,62 @@ impl PathKey {
     }
 }
 
+impl PathKey {
+    fn is_method_of<B>(&self, request: &Request<B>) -> bool {
+        self.method.as_ref().is_none_or(|m| m == request.method())
+    }
+
+    fn mapped<'r>(&self, parameter: Cow<'r, str>) -> Cow<'r, str> {
+        match self.map {
+            Some(to_key) => Cow::Owned(to_key(&parameter)),
+            None => parameter,
+        }
+    }
+}
+
+/// The whole path the request came with: inside an axum router, a layer
+/// under a `nest` sees the path with the nest's prefix stripped; every
+/// layer sees the same original.
+fn original_path<B>(request: &Request<B>) -> &str {
+    #[cfg(feature = "axum")]
+    if let Some(original) = request.extensions().get::<axum::extract::OriginalUri>() {
+        return original.path();
+    }
+    request.uri().path()
+}
+
 impl<B> HttpKey<B> for PathKey {
+    /// Only where the request is sure to be this route: the route axum
+    /// matched ends with the template (the `axum` feature), or without a
+    /// matched route, the whole path is the template.
     #[inline]
     fn key<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
-        if self.method.as_ref().is_some_and(|m| m != request.method()) {
+        if !self.is_method_of(request) {
             return None;
         }
-        let path = request.uri().path();
         // A router's layer wraps its static routes too: `/items/featured`
         // has the template's shape, but axum routed it elsewhere.
         #[cfg(feature = "axum")]
         let parameter = match request.extensions().get::<axum::extract::MatchedPath>() {
             Some(matched) if !self.is_route(matched.as_str()) => return None,
-            Some(_) => self.parameter_at_end(path)?,
-            None => self.parameter(path)?,
+            Some(_) => self.parameter_at_end(original_path(request))?,
+            None => self.parameter(request.uri().path())?,
         };
         #[cfg(not(feature = "axum"))]
-        let parameter = self.parameter(path)?;
-        Some(match self.map {
-            Some(to_key) => Cow::Owned(to_key(&parameter)),
-            None => parameter,
-        })
+        let parameter = self.parameter(request.uri().path())?;
+        Some(self.mapped(parameter))
+    }
+
+    /// Wherever the path ends with the template, matched route or not: the
+    /// segment [`key`](HttpKey::key) takes whenever it takes one, at any
+    /// nest level, and a needless insert elsewhere (`POST /items/featured`,
+    /// `/users/7/items/42`) only costs a false positive.
+    fn write_key<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
+        if !self.is_method_of(request) {
+            return None;
+        }
+        let parameter = self.parameter_at_end(original_path(request))?;
+        Some(self.mapped(parameter))
     }
 }
 

@@ -27,17 +27,17 @@ use crate::guard::{Guard, PendingWrite};
 /// A write whose request has no key (another route, another method) goes
 /// through without an insert, as it must for the routes that write other
 /// things. So every request that stores an item has to be one the key
-/// names, and the same id the guard layer's key reads back:
+/// names ([`HttpKey::write_key`](crate::layer::HttpKey::write_key)), with
+/// the id the guard layer's key reads back:
 /// - **each write method:** `PathKey::method` takes one; for `POST` and
 ///   `PUT` both, stack an `InsertLayer` for each;
 /// - **each route that writes the item:** an alias such as `/items/{id}/`
 ///   beside `/items/{id}` is another route, with no key; give it its own
-///   layer keyed on its template (`PathKey::route("/items/{id}/")`);
-/// - **the same nest level as the guard layer**, unless the `axum` feature
-///   is on (see [`PathKey`](crate::layer::PathKey), "Nests").
+///   layer keyed on its template (`PathKey::route("/items/{id}/")`).
 ///
-/// A stored item whose write was not keyed is answered 404 until a rebuild
-/// from the store picks it up.
+/// `PathKey` keys a write at any nest level (see its "Nests, and the two
+/// sides"). A stored item whose write was not keyed is answered 404 until
+/// a rebuild from the store picks it up.
 ///
 /// ```
 /// use axum::{Router, http::Method, routing::post};
@@ -133,7 +133,7 @@ where
         let pending = self
             .shared
             .policy
-            .key(&request)
+            .write_key(&request)
             .map(|key| self.shared.guard.begin_write(key.as_bytes()));
         InsertFuture {
             future: self.inner.call(request),

@@ -261,11 +261,12 @@ async fn a_static_sibling_route_is_not_guarded_as_the_template() {
     assert_eq!(guard.stats().checks.absent, 2);
 }
 
-/// The guard layer and the insert layer at different `nest` levels: the
-/// layer inside sees the path with the nest's prefix stripped, the one
-/// outside sees all of it, and axum's matched route names the whole route
-/// for both. Both must key the same id, or the write's key never reaches
-/// the filter and the read answers 404 for an item just stored.
+/// The guard layer and the insert layer at different `nest` levels: a
+/// layer inside a nest sees the path with the nest's prefix stripped, one
+/// outside it all of it, and one wrapped around the whole app no matched
+/// route. Wherever the guard keys a read, the insert layer must have keyed
+/// the write to the same id, or the read answers 404 for an item just
+/// stored.
 #[cfg(feature = "axum")]
 #[tokio::test]
 async fn layers_at_different_nest_levels_key_the_same_id() {
@@ -276,8 +277,10 @@ async fn layers_at_different_nest_levels_key_the_same_id() {
     use axum::body::Body;
     use axum::extract::{Path, State};
     use axum::routing::get;
+    use tower::util::BoxCloneSyncService;
 
     type Store = Arc<Mutex<HashSet<String>>>;
+    type App = BoxCloneSyncService<Request<Body>, axum::response::Response, Infallible>;
     async fn read(State(store): State<Store>, Path(id): Path<String>) -> StatusCode {
         if store.lock().unwrap().contains(&id) {
             StatusCode::OK
@@ -289,28 +292,61 @@ async fn layers_at_different_nest_levels_key_the_same_id() {
         store.lock().unwrap().insert(id);
         StatusCode::CREATED
     }
-    let items = |store: &Store| {
-        Router::new()
-            .route("/items/{id}", get(read).post(write))
-            .with_state(store.clone())
-    };
-    let read_key = || PathKey::route("/items/{id}").method(Method::GET);
-    let write_key = || PathKey::route("/items/{id}").method(Method::POST);
-
-    for guard_inside in [true, false] {
+    fn read_key() -> PathKey {
+        PathKey::route("/items/{id}").method(Method::GET)
+    }
+    fn write_key() -> PathKey {
+        PathKey::route("/items/{id}").method(Method::POST)
+    }
+    type Build = fn(&Guard, &Store) -> App;
+    let arrangements: [(&str, Build); 4] = [
+        ("guard inside the nest, insert outside", |guard, store| {
+            let items = Router::new()
+                .route("/items/{id}", get(read).post(write))
+                .with_state(store.clone())
+                .layer(GuardLayer::for_http(guard.clone(), read_key()));
+            App::new(
+                Router::new()
+                    .nest("/api", items)
+                    .layer(InsertLayer::for_http(guard.clone(), write_key())),
+            )
+        }),
+        ("insert inside the nest, guard outside", |guard, store| {
+            let items = Router::new()
+                .route("/items/{id}", get(read).post(write))
+                .with_state(store.clone())
+                .layer(InsertLayer::for_http(guard.clone(), write_key()));
+            App::new(
+                Router::new()
+                    .nest("/api", items)
+                    .layer(GuardLayer::for_http(guard.clone(), read_key())),
+            )
+        }),
+        ("the template across the nest's edge", |guard, store| {
+            let items = Router::new()
+                .route("/{id}", get(read).post(write))
+                .with_state(store.clone())
+                .layer(InsertLayer::for_http(guard.clone(), write_key()));
+            App::new(
+                Router::new()
+                    .nest("/api/items", items)
+                    .layer(GuardLayer::for_http(guard.clone(), read_key())),
+            )
+        }),
+        ("insert around the app, guard inside", |guard, store| {
+            let items = Router::new()
+                .route("/items/{id}", get(read).post(write))
+                .with_state(store.clone());
+            let app = Router::new()
+                .nest("/api", items)
+                .layer(GuardLayer::for_http(guard.clone(), read_key()));
+            App::new(InsertLayer::for_http(guard.clone(), write_key()).layer(app))
+        }),
+    ];
+    for (arrangement, build) in arrangements {
         let guard = guard_with(&[]);
         let store = Store::default();
-        let app = if guard_inside {
-            let inner = items(&store).layer(GuardLayer::for_http(guard.clone(), read_key()));
-            Router::new()
-                .nest("/api", inner)
-                .layer(InsertLayer::for_http(guard.clone(), write_key()))
-        } else {
-            let inner = items(&store).layer(InsertLayer::for_http(guard.clone(), write_key()));
-            Router::new()
-                .nest("/api", inner)
-                .layer(GuardLayer::for_http(guard.clone(), read_key()))
-        };
+        let app = build(&guard, &store);
         let status = |request: Request<Body>| {
             let app = app.clone();
             async move { app.oneshot(request).await.unwrap().status() }
@@ -318,22 +354,22 @@ async fn layers_at_different_nest_levels_key_the_same_id() {
         let post = Request::post("/api/items/n%31")
             .body(Body::empty())
             .unwrap();
-        assert_eq!(status(post).await, StatusCode::CREATED);
-        assert!(store.lock().unwrap().contains("n1"));
+        assert_eq!(status(post).await, StatusCode::CREATED, "{arrangement}");
+        assert!(store.lock().unwrap().contains("n1"), "{arrangement}");
         let read = Request::get("/api/items/n1").body(Body::empty()).unwrap();
         assert_eq!(
             status(read).await,
             StatusCode::OK,
-            "guard inside the nest: {guard_inside}; the item was stored"
+            "{arrangement}: the item was stored"
         );
-        assert_eq!(guard.stats().inserts, 1, "guard inside: {guard_inside}");
+        assert_eq!(guard.stats().inserts, 1, "{arrangement}");
         let missing = Request::get("/api/items/n2").body(Body::empty()).unwrap();
-        assert_eq!(status(missing).await, StatusCode::NOT_FOUND);
         assert_eq!(
-            guard.stats().checks.absent,
-            1,
-            "guard inside: {guard_inside}"
+            status(missing).await,
+            StatusCode::NOT_FOUND,
+            "{arrangement}"
         );
+        assert_eq!(guard.stats().checks.absent, 1, "{arrangement}");
     }
 }
 

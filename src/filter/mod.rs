@@ -233,7 +233,9 @@ impl AtomicBloom {
         );
         // Once per call: on a thread without a section record (a rebuild's
         // worker) each add is a locked instruction.
-        self.set_bits.add(newly_set);
+        if newly_set > 0 {
+            self.set_bits.add(newly_set);
+        }
         added
     }
 

@@ -437,8 +437,9 @@ where
         Ok(values)
     }
 
-    /// Whether each of `keys` is in the store, in their order: one
-    /// `check_many`, then one [`Loader::load_many`] call for the keys that
+    /// Whether each of `keys` is in the store, in their order: the guard
+    /// checks them (`check_many`, 64 at a time), then one
+    /// [`Loader::load_many`] call loads the keys that
     /// the guard passes and the [`verify`](Self::verify) policy does not
     /// trust. This is the seen-items gate: ~120 candidates per request, and
     /// one `MGET` for the few "maybe" ones (with [`Verify::Sample`], for

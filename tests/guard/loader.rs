@@ -581,6 +581,29 @@ async fn a_batch_loads_only_what_the_guard_lets_through_in_one_call() {
         1,
         "no call for an all-absent batch"
     );
+
+    // The same batch as yes/no answers, past the first group of 64 keys:
+    // verified (the default), and trusted without the backend.
+    let answers = loader.contains_many(&candidates).await.unwrap();
+    for (key, &answer) in candidates.iter().zip(&answers) {
+        assert_eq!(answer, key.starts_with("item"), "{key}: verified");
+    }
+    let trusting = GuardedLoader::new(loader.guard().clone(), Recording::default())
+        .verify(bloomguard::Verify::None)
+        .unwrap();
+    let answers = trusting.contains_many(&candidates).await.unwrap();
+    for (key, &answer) in candidates.iter().zip(&answers) {
+        assert!(answer || !key.starts_with("item"), "{key}: trusted");
+        assert_eq!(
+            answer,
+            loader.guard().check(key) == bloomguard::Verdict::MaybePresent,
+            "{key}"
+        );
+    }
+    assert_eq!(
+        answers.iter().filter(|&&answer| answer).count(),
+        10 + stats.false_positives as usize
+    );
 }
 
 #[tokio::test]

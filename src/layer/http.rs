@@ -26,15 +26,15 @@ pub trait HttpKey<B>: Send + Sync + 'static {
     /// The key of `request`, if it has one: what a [`GuardLayer`] checks.
     fn key<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>>;
 
-    /// The key an [`InsertLayer`](crate::InsertLayer) inserts before the
-    /// write: [`key`](Self::key) unless the implementation knows better.
-    /// The two sides err in opposite directions: a write keyed needlessly
-    /// costs a false positive, a write missed answers 404 for a stored
-    /// item; a read keyed wrongly answers 404, a read missed asks the
-    /// backend. So this may key requests `key` would not, never with
-    /// another id.
-    fn write_key<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
-        self.key(request)
+    /// The keys an [`InsertLayer`](crate::InsertLayer) inserts before the
+    /// write (up to two; `[key, None]` unless the implementation knows
+    /// better). The two sides err in opposite directions: a write keyed
+    /// needlessly costs a false positive, a write missed answers 404 for a
+    /// stored item; a read keyed wrongly answers 404, a read missed asks
+    /// the backend. So the write side may key more than `key` would, and
+    /// more than one id where it cannot tell which one the store gets.
+    fn write_keys<'r>(&self, request: &'r Request<B>) -> [Option<Cow<'r, str>>; 2] {
+        [self.key(request), None]
     }
 }
 
@@ -119,16 +119,22 @@ impl<F> fmt::Debug for KeyFn<F> {
 /// route alone (`get(read_item).layer(…)`), or keep static routes of the
 /// template's shape out from under it: the guard would answer 404 for them.
 ///
-/// **Nests, and the two sides.** A [`GuardLayer`] keys a request only
-/// where it is sure to be the route: with the `axum` feature, where the
-/// route axum matched ends with the template, at any nest level (the id
-/// comes from the whole path the request came with, axum's `OriginalUri`);
-/// otherwise where the whole path the layer sees is the template (a layer
-/// outside a `nest` then lets the nest's requests through unguarded: give
-/// it the whole template, `/api/items/{id}`). An
+/// **Nests, rewrites, and the two sides.** A [`GuardLayer`] keys a request
+/// only where it is sure of the item: with the `axum` feature, where the
+/// route axum matched ends with the template, at any nest level, the id
+/// taken from the path the request came with (axum's `OriginalUri`), and
+/// not at all where a middleware rewrote the end of the path since (it may
+/// name another item then); otherwise where the whole path the layer sees
+/// is the template (a layer outside a `nest` then lets the nest's requests
+/// through unguarded: give it the whole template, `/api/items/{id}`). An
 /// [`InsertLayer`](crate::InsertLayer) keys a write wherever the path ends
-/// with the template ([`HttpKey::write_key`]): the same id at any level,
-/// and a needless insert elsewhere costs only a false positive.
+/// with the template from its parameter on (the literals before it need
+/// only agree where the path still has them; a trailing slash is tried
+/// off), in the path it sees and in the one the request came with
+/// ([`HttpKey::write_keys`]): every id a read of the item can be keyed
+/// with. A needless insert costs only a false positive. A rewrite the
+/// insert layer never sees (other than a trimmed trailing slash) cannot be
+/// followed: put it inside any middleware that rewrites paths.
 ///
 /// **Ids the handler parses.** The key is the segment's text. A handler
 /// taking `Path<u64>` or `Path<Uuid>` reads `/items/042` as item 42 and an
@@ -229,11 +235,38 @@ impl PathKey {
     /// [`parameter`](Self::parameter) of the path's last segments, as many
     /// as the template has: the id wherever a prefix (a `nest`'s) puts the
     /// template.
+    #[cfg(feature = "axum")]
     fn parameter_at_end<'p>(&self, path: &'p str) -> Option<Cow<'p, str>> {
         let mut parts = path.rsplit('/');
         let parameter = Self::parameter_of(self.segments.iter().rev(), &mut parts)?;
         // The path's leading '/' (or the prefix's last segment) precedes them.
         parts.next()?;
+        percent_decode_str(parameter).decode_utf8().ok()
+    }
+
+    /// The decoded parameter where `path` ends with the template from its
+    /// parameter on, and the template's literals before it agree with the
+    /// segments the path still has (a `nest` may have stripped the others),
+    /// trying once more without a trailing slash (a normalizing middleware
+    /// may trim it before routing).
+    fn parameter_near_end<'p>(&self, path: &'p str) -> Option<Cow<'p, str>> {
+        let at_end = |path: &'p str| {
+            let mut parts = path.strip_prefix('/')?.rsplit('/');
+            let mut template = self.segments.iter().rev();
+            let parameter = Self::parameter_of(
+                template
+                    .by_ref()
+                    .take_while(|segment| segment.is_some())
+                    .chain([&None]),
+                &mut parts,
+            )?;
+            let prefix_agrees = template.all(|segment| match parts.next() {
+                None => true,
+                Some(part) => segment.as_deref() == Some(part),
+            });
+            prefix_agrees.then_some(parameter)
+        };
+        let parameter = at_end(path).or_else(|| at_end(path.strip_suffix('/')?))?;
         percent_decode_str(parameter).decode_utf8().ok()
     }
 
@@ -312,7 +345,16 @@ impl<B> HttpKey<B> for PathKey {
         #[cfg(feature = "axum")]
         let parameter = match request.extensions().get::<axum::extract::MatchedPath>() {
             Some(matched) if !self.is_route(matched.as_str()) => return None,
-            Some(_) => self.parameter_at_end(original_path(request))?,
+            Some(_) => {
+                // The id where the request came with it; a path rewritten
+                // since (it no longer ends what came) may name another
+                // item than the one the store has: let it through.
+                let (seen, original) = (request.uri().path(), original_path(request));
+                if !original.ends_with(seen) {
+                    return None;
+                }
+                self.parameter_at_end(original)?
+            }
             None => self.parameter(request.uri().path())?,
         };
         #[cfg(not(feature = "axum"))]
@@ -320,16 +362,28 @@ impl<B> HttpKey<B> for PathKey {
         Some(self.mapped(parameter))
     }
 
-    /// Wherever the path ends with the template, matched route or not: the
-    /// segment [`key`](HttpKey::key) takes whenever it takes one, at any
-    /// nest level, and a needless insert elsewhere (`POST /items/featured`,
-    /// `/users/7/items/42`) only costs a false positive.
-    fn write_key<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
+    /// The id where the path the layer sees ends with the template from
+    /// its parameter on, and the same in the path the request came with
+    /// where a middleware rewrote it since (matched route or not): every
+    /// id a read of the stored item can be keyed with (see "Nests,
+    /// rewrites, and the two sides" above). A needless insert elsewhere
+    /// (`POST /items/featured`, `/users/7/items/42`) only costs a false
+    /// positive.
+    fn write_keys<'r>(&self, request: &'r Request<B>) -> [Option<Cow<'r, str>>; 2] {
         if !self.is_method_of(request) {
-            return None;
+            return [None, None];
         }
-        let parameter = self.parameter_at_end(original_path(request))?;
-        Some(self.mapped(parameter))
+        let seen = request.uri().path();
+        let original = original_path(request);
+        let first = self.parameter_near_end(seen);
+        let second = (original != seen)
+            .then(|| self.parameter_near_end(original))
+            .flatten()
+            .filter(|second| first.as_ref() != Some(second));
+        [
+            first.map(|id| self.mapped(id)),
+            second.map(|id| self.mapped(id)),
+        ]
     }
 }
 

@@ -27,7 +27,7 @@ use crate::guard::{Guard, PendingWrite};
 /// A write whose request has no key (another route, another method) goes
 /// through without an insert, as it must for the routes that write other
 /// things. So every request that stores an item has to be one the key
-/// names ([`HttpKey::write_key`](crate::layer::HttpKey::write_key)), with
+/// names ([`HttpKey::write_keys`](crate::layer::HttpKey::write_keys)), with
 /// the id the guard layer's key reads back:
 /// - **each write method:** `PathKey::method` takes one; for `POST` and
 ///   `PUT` both, stack an `InsertLayer` for each;
@@ -35,9 +35,10 @@ use crate::guard::{Guard, PendingWrite};
 ///   beside `/items/{id}` is another route, with no key; give it its own
 ///   layer keyed on its template (`PathKey::route("/items/{id}/")`).
 ///
-/// `PathKey` keys a write at any nest level (see its "Nests, and the two
-/// sides"). A stored item whose write was not keyed is answered 404 until
-/// a rebuild from the store picks it up.
+/// `PathKey` keys a write at any nest level and through the rewrites it
+/// can see (see its "Nests, rewrites, and the two sides"). A stored item
+/// whose write was not keyed is answered 404 until a rebuild from the
+/// store picks it up.
 ///
 /// ```
 /// use axum::{Router, http::Method, routing::post};
@@ -133,8 +134,8 @@ where
         let pending = self
             .shared
             .policy
-            .write_key(&request)
-            .map(|key| self.shared.guard.begin_write(key.as_bytes()));
+            .write_keys(&request)
+            .map(|key| key.map(|key| self.shared.guard.begin_write(key.as_bytes())));
         InsertFuture {
             future: self.inner.call(request),
             pending,
@@ -166,7 +167,7 @@ pin_project! {
     pub struct InsertFuture<F> {
         #[pin]
         future: F,
-        pending: Option<PendingWrite>,
+        pending: [Option<PendingWrite>; 2],
     }
 }
 
@@ -176,7 +177,7 @@ impl<F: Future> Future for InsertFuture<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let output = ready!(this.future.poll(cx));
-        this.pending.take();
+        *this.pending = [None, None];
         Poll::Ready(output)
     }
 }

@@ -373,6 +373,134 @@ async fn layers_at_different_nest_levels_key_the_same_id() {
     }
 }
 
+/// A middleware that rewrites the path inside the app (a trailing slash
+/// trimmed, an id lower-cased) after axum noted the original: the router
+/// routes, and the handler stores, by the rewritten path. The insert layer
+/// must insert the id the guard will check for every read of the stored
+/// item, or the guard must let those reads through.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn a_path_rewritten_inside_the_app_never_costs_a_stored_item() {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+
+    use axum::Router;
+    use axum::body::Body;
+    use axum::extract::{Path, State};
+    use axum::routing::get;
+
+    type Store = Arc<Mutex<HashSet<String>>>;
+    async fn read(State(store): State<Store>, Path(id): Path<String>) -> StatusCode {
+        if store.lock().unwrap().contains(&id) {
+            StatusCode::OK
+        } else {
+            StatusCode::NOT_FOUND
+        }
+    }
+    async fn write(State(store): State<Store>, Path(id): Path<String>) -> StatusCode {
+        store.lock().unwrap().insert(id);
+        StatusCode::CREATED
+    }
+    /// Trims a trailing slash and lower-cases the path, as a normalizing
+    /// middleware in front of a nested API would.
+    fn normalized<B>(mut request: Request<B>) -> Request<B> {
+        let path = request.uri().path();
+        let path = path
+            .strip_suffix('/')
+            .filter(|p| !p.is_empty())
+            .unwrap_or(path);
+        *request.uri_mut() = path.to_lowercase().parse().unwrap();
+        request
+    }
+    let guard = guard_with(&[]);
+    let store = Store::default();
+    let api = Router::new()
+        .route("/items/{id}", get(read).post(write))
+        .with_state(store.clone())
+        .layer(InsertLayer::for_http(
+            guard.clone(),
+            PathKey::route("/items/{id}").method(Method::POST),
+        ))
+        .layer(GuardLayer::for_http(
+            guard.clone(),
+            PathKey::route("/items/{id}").method(Method::GET),
+        ));
+    let app = Router::new().nest_service(
+        "/api",
+        ServiceBuilder::new()
+            .map_request(normalized::<Body>)
+            .service(api),
+    );
+    let status = |method: Method, path: &str| {
+        let app = app.clone();
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(Body::empty())
+            .unwrap();
+        async move { app.oneshot(request).await.unwrap().status() }
+    };
+    for (written_as, stored, read_as) in [
+        ("/api/items/n1/", "n1", "/api/items/n1"),
+        ("/api/items/n2", "n2", "/api/items/n2/"),
+        ("/api/items/N3", "n3", "/api/items/n3"),
+        ("/api/items/n4", "n4", "/api/items/N4"),
+    ] {
+        assert_eq!(status(Method::POST, written_as).await, StatusCode::CREATED);
+        assert!(store.lock().unwrap().contains(stored), "{written_as}");
+        assert_eq!(
+            status(Method::GET, read_as).await,
+            StatusCode::OK,
+            "written as {written_as}, read as {read_as}"
+        );
+    }
+    assert_eq!(
+        status(Method::GET, "/api/items/n5").await,
+        StatusCode::NOT_FOUND
+    );
+    assert!(guard.stats().checks.absent >= 1, "the guard still answers");
+}
+
+/// The insert layer's key without a matched route or the original path (a
+/// layer inside a `nest` without the `axum` feature, or a plain tower
+/// stack): the template's end is enough, so a write under a nest whose
+/// prefix the layer no longer sees is keyed as a guard outside it keys
+/// the read (`/api/items/{id}` on the whole path).
+#[test]
+fn the_insert_key_needs_only_the_end_of_the_template() {
+    use bloomguard::layer::HttpKey;
+    let post = |path: &str| Request::post(path).body(()).unwrap();
+    let whole = PathKey::route("/api/items/{id}").method(Method::POST);
+    let keys = |path: &str| {
+        whole
+            .write_keys(&post(path))
+            .map(|key| key.map(|k| k.into_owned()))
+    };
+    assert_eq!(keys("/api/items/42"), [Some("42".into()), None]);
+    assert_eq!(
+        keys("/items/42"),
+        [Some("42".into()), None],
+        "under nest(\"/api\")"
+    );
+    assert_eq!(
+        keys("/42"),
+        [Some("42".into()), None],
+        "under nest(\"/api/items\")"
+    );
+    assert_eq!(
+        keys("/items/42/"),
+        [Some("42".into()), None],
+        "a trailing slash"
+    );
+    assert_eq!(keys("/users/42"), [None, None], "another route");
+    assert_eq!(keys("/api/items/"), [None, None], "no id");
+    // The guard's key stays exact without a matched route.
+    let read = PathKey::route("/api/items/{id}");
+    let get = |path: &str| Request::get(path).body(()).unwrap();
+    assert_eq!(read.key(&get("/items/42")), None);
+    assert_eq!(read.key(&get("/api/items/42")).as_deref(), Some("42"));
+}
+
 /// A trailing-slash alias of the template is another route, with no key
 /// under the template; keyed on its own template, it names the same id.
 #[test]

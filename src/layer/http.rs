@@ -132,9 +132,14 @@ impl<F> fmt::Debug for KeyFn<F> {
 /// only agree where the path still has them; a trailing slash is tried
 /// off), in the path it sees and in the one the request came with
 /// ([`HttpKey::write_keys`]): every id a read of the item can be keyed
-/// with. A needless insert costs only a false positive. A rewrite the
-/// insert layer never sees (other than a trimmed trailing slash) cannot be
-/// followed: put it inside any middleware that rewrites paths.
+/// with. A needless insert costs only a false positive.
+///
+/// So put both layers inside any middleware that rewrites the path before
+/// routing (a normalizer, a case-folder): a rewrite the insert layer never
+/// sees (other than trimmed trailing slashes) cannot be followed, and a
+/// guard outside one keys the id as it came while the store has it as
+/// rewritten. Inside the app, below a rewrite, the guard lets through what
+/// it cannot tie to the original path.
 ///
 /// **Ids the handler parses.** The key is the segment's text. A handler
 /// taking `Path<u64>` or `Path<Uuid>` reads `/items/042` as item 42 and an
@@ -247,27 +252,39 @@ impl PathKey {
     /// The decoded parameter where `path` ends with the template from its
     /// parameter on, and the template's literals before it agree with the
     /// segments the path still has (a `nest` may have stripped the others),
-    /// trying once more without a trailing slash (a normalizing middleware
-    /// may trim it before routing).
+    /// trying once more without trailing slashes (a normalizing middleware
+    /// may trim them before routing).
     fn parameter_near_end<'p>(&self, path: &'p str) -> Option<Cow<'p, str>> {
         let at_end = |path: &'p str| {
             let mut parts = path.strip_prefix('/')?.rsplit('/');
-            let mut template = self.segments.iter().rev();
-            let parameter = Self::parameter_of(
-                template
-                    .by_ref()
-                    .take_while(|segment| segment.is_some())
-                    .chain([&None]),
-                &mut parts,
-            )?;
-            let prefix_agrees = template.all(|segment| match parts.next() {
+            let parameter = self.parameter_from_end(&mut parts)?;
+            let mut before = self
+                .segments
+                .iter()
+                .rev()
+                .skip_while(|s| s.is_some())
+                .skip(1);
+            let prefix_agrees = before.all(|segment| match parts.next() {
                 None => true,
                 Some(part) => segment.as_deref() == Some(part),
             });
             prefix_agrees.then_some(parameter)
         };
-        let parameter = at_end(path).or_else(|| at_end(path.strip_suffix('/')?))?;
+        let trimmed = path.trim_end_matches('/');
+        let parameter = at_end(path).or_else(|| at_end(trimmed).filter(|_| trimmed != path))?;
         percent_decode_str(parameter).decode_utf8().ok()
+    }
+
+    /// The raw parameter where the reversed segments `parts` begin with the
+    /// template's, from its end back to the parameter.
+    fn parameter_from_end<'p>(&self, parts: &mut impl Iterator<Item = &'p str>) -> Option<&'p str> {
+        let from_parameter = self
+            .segments
+            .iter()
+            .rev()
+            .take_while(|s| s.is_some())
+            .chain([&None]);
+        Self::parameter_of(from_parameter, parts)
     }
 
     /// The raw parameter where `parts` has the template's `segments`, in
@@ -346,11 +363,14 @@ impl<B> HttpKey<B> for PathKey {
         let parameter = match request.extensions().get::<axum::extract::MatchedPath>() {
             Some(matched) if !self.is_route(matched.as_str()) => return None,
             Some(_) => {
-                // The id where the request came with it; a path rewritten
-                // since (it no longer ends what came) may name another
-                // item than the one the store has: let it through.
+                // The id where the request came with it, if the path this
+                // layer sees still holds that segment unchanged: a path
+                // rewritten since (it no longer ends what came, or a nest
+                // stripped the id and a rewrite may have changed it before)
+                // may name another item than the one the store has.
                 let (seen, original) = (request.uri().path(), original_path(request));
-                if !original.ends_with(seen) {
+                let mut seen_parts = seen.strip_prefix('/')?.rsplit('/');
+                if !original.ends_with(seen) || self.parameter_from_end(&mut seen_parts).is_none() {
                     return None;
                 }
                 self.parameter_at_end(original)?

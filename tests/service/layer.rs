@@ -461,6 +461,79 @@ async fn a_path_rewritten_inside_the_app_never_costs_a_stored_item() {
     assert!(guard.stats().checks.absent >= 1, "the guard still answers");
 }
 
+/// The id in a nest's prefix, a literal after it, and a rewrite inside
+/// the app: the layers under the nest see `/seen` only, so the id the
+/// guard could key comes from the original path, which the rewrite may
+/// have changed since. The guard must let such reads through.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn an_id_the_layers_do_not_see_is_not_guarded_through_a_rewrite() {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+
+    use axum::Router;
+    use axum::body::Body;
+    use axum::extract::{Path, State};
+    use axum::routing::get;
+
+    type Store = Arc<Mutex<HashSet<String>>>;
+    async fn read(State(store): State<Store>, Path(user): Path<String>) -> StatusCode {
+        if store.lock().unwrap().contains(&user) {
+            StatusCode::OK
+        } else {
+            StatusCode::NOT_FOUND
+        }
+    }
+    async fn write(State(store): State<Store>, Path(user): Path<String>) -> StatusCode {
+        store.lock().unwrap().insert(user);
+        StatusCode::CREATED
+    }
+    fn lower_cased<B>(mut request: Request<B>) -> Request<B> {
+        *request.uri_mut() = request.uri().path().to_lowercase().parse().unwrap();
+        request
+    }
+    let guard = guard_with(&[]);
+    let store = Store::default();
+    let template = "/users/{user}/seen";
+    let seen = Router::new()
+        .route("/seen", get(read).post(write))
+        .with_state(store.clone())
+        .layer(InsertLayer::for_http(
+            guard.clone(),
+            PathKey::route(template).method(Method::POST),
+        ))
+        .layer(GuardLayer::for_http(
+            guard.clone(),
+            PathKey::route(template).method(Method::GET),
+        ));
+    let app = Router::new().nest_service(
+        "/api",
+        ServiceBuilder::new()
+            .map_request(lower_cased::<Body>)
+            .service(Router::new().nest("/users/{user}", seen)),
+    );
+    let status = |method: Method, path: &str| {
+        let app = app.clone();
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(Body::empty())
+            .unwrap();
+        async move { app.oneshot(request).await.unwrap().status() }
+    };
+    for (written_as, read_as) in [
+        ("/api/users/N1/seen", "/api/users/n1/seen"),
+        ("/api/users/n2/seen", "/api/users/N2/seen"),
+    ] {
+        assert_eq!(status(Method::POST, written_as).await, StatusCode::CREATED);
+        assert_eq!(
+            status(Method::GET, read_as).await,
+            StatusCode::OK,
+            "written as {written_as}, read as {read_as}"
+        );
+    }
+}
+
 /// The insert layer's key without a matched route or the original path (a
 /// layer inside a `nest` without the `axum` feature, or a plain tower
 /// stack): the template's end is enough, so a write under a nest whose
@@ -491,6 +564,11 @@ fn the_insert_key_needs_only_the_end_of_the_template() {
         keys("/items/42/"),
         [Some("42".into()), None],
         "a trailing slash"
+    );
+    assert_eq!(
+        keys("/items/42//"),
+        [Some("42".into()), None],
+        "trailing slashes"
     );
     assert_eq!(keys("/users/42"), [None, None], "another route");
     assert_eq!(keys("/api/items/"), [None, None], "no id");

@@ -14,3 +14,5 @@ mod allocations;
 #[cfg(feature = "metrics")]
 mod axum_service;
 mod layer;
+#[cfg(feature = "axum")]
+mod wiring;

@@ -121,25 +121,35 @@ impl<F> fmt::Debug for KeyFn<F> {
 ///
 /// **Nests, rewrites, and the two sides.** A [`GuardLayer`] keys a request
 /// only where it is sure of the item: with the `axum` feature, where the
-/// route axum matched ends with the template, at any nest level, the id
-/// taken from the path the request came with (axum's `OriginalUri`), and
-/// not at all where a middleware rewrote the end of the path since (it may
-/// name another item then); otherwise where the whole path the layer sees
-/// is the template (a layer outside a `nest` then lets the nest's requests
-/// through unguarded: give it the whole template, `/api/items/{id}`). An
-/// [`InsertLayer`](crate::InsertLayer) keys a write wherever the path ends
-/// with the template from its parameter on (the literals before it need
-/// only agree where the path still has them; a trailing slash is tried
-/// off), in the path it sees and in the one the request came with
-/// ([`HttpKey::write_keys`]): every id a read of the item can be keyed
-/// with. A needless insert costs only a false positive.
+/// route axum matched ends with the template (under any `nest`; a route of
+/// its own that ends so, `/users/{u}/items/{id}` under a layer keyed
+/// `/items/{id}`, counts too, as a nest's prefix would), where the path the
+/// layer sees still holds the id (a layer below a nest that stripped it,
+/// `nest("/users/{user}", …)`, keys nothing), and not where a middleware
+/// rewrote the end of the path since it came (it may name another item
+/// then), the id taken from the path the request came with (axum's
+/// `OriginalUri`); without the feature, where the whole path the layer
+/// sees is the template (a layer outside a `nest` then lets the nest's
+/// requests through unguarded: give it the whole template,
+/// `/api/items/{id}`). An [`InsertLayer`](crate::InsertLayer) keys a write
+/// wherever the path ends with the template from its parameter on (the
+/// literals before it need only agree where the path still has them;
+/// trailing slashes are tried off, so a `/items/{id}/` alias is written
+/// under `/items/{id}`), in the path it sees and, where that differs, in
+/// the one the request came with ([`HttpKey::write_keys`]): every id a
+/// read of the item can be keyed with. A needless insert costs only a
+/// false positive.
 ///
 /// So put both layers inside any middleware that rewrites the path before
 /// routing (a normalizer, a case-folder): a rewrite the insert layer never
 /// sees (other than trimmed trailing slashes) cannot be followed, and a
 /// guard outside one keys the id as it came while the store has it as
 /// rewritten. Inside the app, below a rewrite, the guard lets through what
-/// it cannot tie to the original path.
+/// it cannot tie to the original path. One wiring stays out of reach: an
+/// insert layer below a nest that strips the id sees only the id as it
+/// came, so an id a middleware rewrote before that nest cannot be followed
+/// while a guard above the nest keys it; put the insert layer above such
+/// a nest.
 ///
 /// **Ids the handler parses.** The key is the segment's text. A handler
 /// taking `Path<u64>` or `Path<Uuid>` reads `/items/042` as item 42 and an
@@ -384,9 +394,10 @@ impl<B> HttpKey<B> for PathKey {
 
     /// The id where the path the layer sees ends with the template from
     /// its parameter on, and the same in the path the request came with
-    /// where a middleware rewrote it since (matched route or not): every
-    /// id a read of the stored item can be keyed with (see "Nests,
-    /// rewrites, and the two sides" above). A needless insert elsewhere
+    /// where the two differ (a nest stripped a prefix, or a middleware
+    /// rewrote it), matched route or not: every id a read of the stored
+    /// item can be keyed with (see "Nests, rewrites, and the two sides"
+    /// above). A needless insert elsewhere
     /// (`POST /items/featured`, `/users/7/items/42`) only costs a false
     /// positive.
     fn write_keys<'r>(&self, request: &'r Request<B>) -> [Option<Cow<'r, str>>; 2] {

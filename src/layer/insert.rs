@@ -31,9 +31,11 @@ use crate::guard::{Guard, PendingWrite};
 /// the id the guard layer's key reads back:
 /// - **each write method:** `PathKey::method` takes one; for `POST` and
 ///   `PUT` both, stack an `InsertLayer` for each;
-/// - **each route that writes the item:** an alias such as `/items/{id}/`
-///   beside `/items/{id}` is another route, with no key; give it its own
-///   layer keyed on its template (`PathKey::route("/items/{id}/")`).
+/// - **each route that writes the item:** `PathKey` writes a route whose
+///   path ends with its template (a nest's prefix, a `/items/{id}/` alias)
+///   under the same id, but not one of another shape
+///   (`/items/{id}/copy`): give such a route its own layer keyed on its
+///   template.
 ///
 /// `PathKey` keys a write at any nest level and through the rewrites it
 /// can see (see its "Nests, rewrites, and the two sides"). A stored item

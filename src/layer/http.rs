@@ -328,7 +328,13 @@ impl PathKey {
             };
             match segment {
                 Some(literal) => part == literal,
-                None => part.starts_with('{') && part.ends_with('}') && !part.starts_with("{*"),
+                // `{{…}}` is literal text; `{*…}` a wildcard of many segments.
+                None => {
+                    part.starts_with('{')
+                        && part.ends_with('}')
+                        && !part.starts_with("{{")
+                        && !part.starts_with("{*")
+                }
             }
         })
     }

@@ -259,6 +259,26 @@ async fn a_static_sibling_route_is_not_guarded_as_the_template() {
         );
     }
     assert_eq!(guard.stats().checks.absent, 2);
+
+    // A literal route spelled with escaped braces (`{{id}}` is the text
+    // `{id}`) is a static sibling too, not the template's parameter.
+    let literal = Router::new()
+        .route(
+            "/users/{id}",
+            get(|Path(id): Path<String>| async move { id }),
+        )
+        .route("/users/{{me}}", get(|| async { "the literal route" }))
+        .layer(GuardLayer::for_http(
+            guard.clone(),
+            PathKey::route("/users/{id}").method(Method::GET),
+        ));
+    let request = Request::get("/users/{me}").body(Body::empty()).unwrap();
+    let response = literal.oneshot(request).await.unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "the literal route /users/{{me}}"
+    );
 }
 
 /// The insert layer's key without a matched route or the original path (a

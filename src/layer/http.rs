@@ -247,41 +247,48 @@ impl PathKey {
         percent_decode_str(parameter).decode_utf8().ok()
     }
 
-    /// [`parameter`](Self::parameter) of the path's last segments, as many
-    /// as the template has: the id wherever a prefix (a `nest`'s) puts the
-    /// template.
+    /// The raw parameter where `path` ends with the template from its
+    /// parameter on, and the template's literals before it agree with the
+    /// path's segments before it: all of them ([`Prefix::Whole`]: the id
+    /// wherever a nest's prefix puts the whole template), or those the path
+    /// still has ([`Prefix::WherePresent`]: a nest may have stripped the
+    /// others).
+    fn raw_parameter_at_end<'p>(&self, path: &'p str, prefix: Prefix) -> Option<&'p str> {
+        let mut parts = path.strip_prefix('/')?.rsplit('/');
+        let parameter = self.parameter_from_end(&mut parts)?;
+        let mut before = self
+            .segments
+            .iter()
+            .rev()
+            .skip_while(|s| s.is_some())
+            .skip(1);
+        let agrees = before.all(|segment| match parts.next() {
+            None => prefix == Prefix::WherePresent,
+            Some(part) => segment.as_deref() == Some(part),
+        });
+        agrees.then_some(parameter)
+    }
+
+    /// The decoded parameter where the path ends with the whole template.
     #[cfg(feature = "axum")]
     fn parameter_at_end<'p>(&self, path: &'p str) -> Option<Cow<'p, str>> {
-        let mut parts = path.rsplit('/');
-        let parameter = Self::parameter_of(self.segments.iter().rev(), &mut parts)?;
-        // The path's leading '/' (or the prefix's last segment) precedes them.
-        parts.next()?;
+        let parameter = self.raw_parameter_at_end(path, Prefix::Whole)?;
         percent_decode_str(parameter).decode_utf8().ok()
     }
 
-    /// The decoded parameter where `path` ends with the template from its
-    /// parameter on, and the template's literals before it agree with the
-    /// segments the path still has (a `nest` may have stripped the others),
-    /// trying once more without trailing slashes (a normalizing middleware
-    /// may trim them before routing).
+    /// The decoded parameter where the path ends with the template as far
+    /// as it goes ([`Prefix::WherePresent`]), trying once more without
+    /// trailing slashes (a normalizing middleware may trim them before
+    /// routing).
     fn parameter_near_end<'p>(&self, path: &'p str) -> Option<Cow<'p, str>> {
-        let at_end = |path: &'p str| {
-            let mut parts = path.strip_prefix('/')?.rsplit('/');
-            let parameter = self.parameter_from_end(&mut parts)?;
-            let mut before = self
-                .segments
-                .iter()
-                .rev()
-                .skip_while(|s| s.is_some())
-                .skip(1);
-            let prefix_agrees = before.all(|segment| match parts.next() {
-                None => true,
-                Some(part) => segment.as_deref() == Some(part),
-            });
-            prefix_agrees.then_some(parameter)
-        };
         let trimmed = path.trim_end_matches('/');
-        let parameter = at_end(path).or_else(|| at_end(trimmed).filter(|_| trimmed != path))?;
+        let parameter = self
+            .raw_parameter_at_end(path, Prefix::WherePresent)
+            .or_else(|| {
+                (trimmed != path)
+                    .then(|| self.raw_parameter_at_end(trimmed, Prefix::WherePresent))
+                    .flatten()
+            })?;
         percent_decode_str(parameter).decode_utf8().ok()
     }
 
@@ -340,6 +347,15 @@ impl PathKey {
     }
 }
 
+/// How much of the template before its parameter a path must hold
+/// ([`PathKey::raw_parameter_at_end`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Prefix {
+    #[cfg(feature = "axum")]
+    Whole,
+    WherePresent,
+}
+
 impl PathKey {
     fn is_method_of<B>(&self, request: &Request<B>) -> bool {
         self.method.as_ref().is_none_or(|m| m == request.method())
@@ -385,8 +401,11 @@ impl<B> HttpKey<B> for PathKey {
                 // stripped the id and a rewrite may have changed it before)
                 // may name another item than the one the store has.
                 let (seen, original) = (request.uri().path(), original_path(request));
-                let mut seen_parts = seen.strip_prefix('/')?.rsplit('/');
-                if !original.ends_with(seen) || self.parameter_from_end(&mut seen_parts).is_none() {
+                if !original.ends_with(seen)
+                    || self
+                        .raw_parameter_at_end(seen, Prefix::WherePresent)
+                        .is_none()
+                {
                     return None;
                 }
                 self.parameter_at_end(original)?

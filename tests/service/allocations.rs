@@ -106,11 +106,7 @@ fn the_http_form_answers_404_without_allocating() {
 /// call, absent or not.
 #[test]
 fn the_loader_answers_absent_keys_without_allocating() {
-    let guard = Guard::builder().expected_items(10_000).build().unwrap();
-    guard.insert("item:1");
-    let loader = GuardedLoader::new(guard.clone(), |_key: String| async {
-        Ok::<Option<u32>, Infallible>(Some(1))
-    });
+    let (guard, loader) = loader_holding("item:1");
     let keys: Vec<String> = (0..10_000).map(|i| format!("absent:{i}")).collect();
     // Warm-up: a thread's first check claims its read-section record.
     let _ = ready_now(loader.get(keys[0].as_str()));
@@ -139,11 +135,7 @@ fn the_loader_answers_absent_keys_without_allocating() {
 /// used to add four more to every call.
 #[test]
 fn a_batch_of_absent_keys_allocates_only_its_answer() {
-    let guard = Guard::builder().expected_items(10_000).build().unwrap();
-    guard.insert("user:1:item:1");
-    let seen = GuardedLoader::new(guard.clone(), |_key: String| async {
-        Ok::<Option<u32>, Infallible>(Some(1))
-    });
+    let (guard, seen) = loader_holding("user:1:item:1");
     let candidates: Vec<String> = (0..12_000)
         .map(|i| format!("user:1:item:absent-{i}"))
         .filter(|key| guard.check(key).is_absent())
@@ -169,23 +161,32 @@ fn a_batch_of_absent_keys_allocates_only_its_answer() {
     );
     // A maybe still reaches the backend, in the order of the batch.
     let mixed = [candidates[0].clone(), "user:1:item:1".to_string()];
-    let values = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap()
-        .block_on(seen.get_many(&mixed))
-        .unwrap();
-    assert_eq!(values, [None, Some(1)]);
+    assert_eq!(run_to_completion(seen.get_many(&mixed)), [None, Some(1)]);
 }
 
 /// Runs a future that may wait (the backend call) on a small runtime.
-fn run_to_completion<F: Future<Output = Result<Option<u32>, std::sync::Arc<Infallible>>>>(
-    future: F,
-) -> Option<u32> {
+fn run_to_completion<T, F: Future<Output = Result<T, std::sync::Arc<Infallible>>>>(future: F) -> T {
     tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap()
         .block_on(future)
         .unwrap()
+}
+
+/// A guard holding `present`, and a `String`-keyed loader over a backend
+/// that finds every key it is asked for (as `1`).
+fn loader_holding(
+    present: &str,
+) -> (
+    Guard,
+    GuardedLoader<String, impl bloomguard::Loader<String, Value = u32, Error = Infallible>>,
+) {
+    let guard = Guard::builder().expected_items(10_000).build().unwrap();
+    guard.insert(present);
+    let loader = GuardedLoader::new(guard.clone(), |_key: String| async {
+        Ok::<Option<u32>, Infallible>(Some(1))
+    });
+    (guard, loader)
 }
 
 #[test]

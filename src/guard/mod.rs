@@ -225,7 +225,8 @@ impl Guard {
     }
 
     /// [`check`](Self::check) for many keys at once, writing `out[i]` for
-    /// `keys[i]`: one load of the live filters for all of them, and the
+    /// `keys[i]`: one load of the live filters per group of 64 keys (a long
+    /// batch may straddle a swap, each group answered from one set), and the
     /// keys' memory accesses overlapped (hashed and prefetched in groups).
     /// The seen-items gate checks its ~120 candidates per request this way.
     ///

@@ -12,7 +12,7 @@ use super::stats::VerdictTally;
 use super::{Guard, Inner, Verdict, present_if};
 
 /// A handle on a [`Guard`] that keeps its own reference to the live filters
-/// and only compares one pointer per check to see whether they changed.
+/// and only compares pointers per check to see whether they changed.
 ///
 /// [`Guard::check`] reads the live filters inside a read section (two
 /// plain stores to the thread's own record) and counts each verdict in the
@@ -22,9 +22,10 @@ use super::{Guard, Inner, Verdict, present_if};
 /// It needs `&mut self`, so it suits a worker loop; `Guard::check` is as
 /// fast within a few nanoseconds (see BENCHMARKS.md) and needs no handle.
 ///
-/// The cached `Arc` is only refreshed on the next check: a reader left idle
-/// keeps the filters it last saw in memory, even after a rebuild replaced
-/// them (`Guard::check` keeps nothing between checks). Drop idle readers.
+/// The cached filters are only refreshed on the next check: a reader left
+/// idle keeps the filters it last saw in memory (two sets of them, when a
+/// batch came last), even after a rebuild replaced them (`Guard::check`
+/// keeps nothing between checks). Drop idle readers.
 ///
 /// ```
 /// use bloomguard::{Guard, Verdict};
@@ -38,8 +39,10 @@ use super::{Guard, Inner, Verdict, present_if};
 pub struct GuardReader {
     guard: Guard,
     live: Cache<LiveSwap, Arc<LiveSet>>,
-    /// The address of the set `only` was read from.
-    only_from: usize,
+    /// The set `only` was read from, held so that no later set can take its
+    /// address: after a batch refreshed the cache and dropped it, an address
+    /// alone could match a new set and answer from a replaced filter.
+    only_from: Option<Arc<LiveSet>>,
     /// The set's [`answering`](LiveSet::answering) filter, kept here: one
     /// dependent load closer than through the set.
     only: Option<Answering>,
@@ -70,7 +73,7 @@ impl GuardReader {
         Self {
             guard: guard.clone(),
             live: Cache::new(LiveSwap(Arc::clone(&guard.inner))),
-            only_from: 0,
+            only_from: None,
             only: None,
             uncounted: VerdictTally::default(),
             samples_absent: guard.inner.staleness.is_some(),
@@ -85,9 +88,12 @@ impl GuardReader {
         let key = key.as_ref();
         let hash = self.guard.hash(key);
         let live = self.live.load();
-        let address = Arc::as_ptr(live) as usize;
-        if address != self.only_from {
-            self.only_from = address;
+        if !self
+            .only_from
+            .as_ref()
+            .is_some_and(|from| Arc::ptr_eq(from, live))
+        {
+            self.only_from = Some(Arc::clone(live));
             self.only = live.answering.clone();
         }
         let verdict = match &self.only {

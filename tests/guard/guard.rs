@@ -849,6 +849,30 @@ async fn readers_and_batches_answer_as_check_does_across_swaps() {
     );
 }
 
+/// A reader's batch refreshes its cached filters; the single check after it
+/// must not take a new set for the one it last answered from. The batch
+/// frees the one-filter set the single check saw, and the rotation after it
+/// allocates the next set on this thread, which a thread-caching allocator
+/// (glibc's) serves from the freed set's address: a reader that compared
+/// addresses answered from the generation rotated out, and missed the key.
+#[test]
+fn a_reader_sees_a_rotation_after_its_batch_refreshed_its_filters() {
+    for round in 0..100 {
+        let guard = Guard::builder()
+            .expected_items(1_000)
+            .lifecycle(Lifecycle::rotate(2, Duration::from_secs(3_600)))
+            .build()
+            .unwrap();
+        let mut reader = guard.reader();
+        let _ = reader.check("any");
+        guard.rotate().unwrap();
+        reader.check_many(&["any"], &mut [Verdict::Warming]);
+        guard.rotate().unwrap();
+        guard.insert("key");
+        assert_eq!(reader.check("key"), Verdict::MaybePresent, "round {round}");
+    }
+}
+
 /// A guard (seed 7) over `store` whose source fails at once until the test
 /// sets its `fail_after_batches` to `NEVER`; the maintenance task, once
 /// spawned, retries with a backoff of `(first, max)` milliseconds.

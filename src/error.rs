@@ -341,6 +341,12 @@ pub enum FleetError {
         /// Members still behind.
         members_behind: u64,
     },
+    /// Redis began a new record (it lost its data: a restart without
+    /// persistence, a flush, a failover to a replica without the entry)
+    /// while the writer waited for the members to apply its entry: the
+    /// entry may be gone, so no member may ever apply it. The insert was
+    /// not acknowledged; write again.
+    EntryLost,
     /// The guard follows a fleet already, through this member or another
     /// one: a guard has one member at a time (the first one's
     /// [`FleetHandle::shutdown`](crate::redis::fleet::FleetHandle::shutdown)
@@ -391,6 +397,9 @@ impl fmt::Display for FleetError {
             } => write!(
                 f,
                 "{members_behind} fleet member(s) did not apply the insert within {waited:?}"
+            ),
+            Self::EntryLost => f.write_str(
+                "Redis lost its data while the fleet applied the insert: not acknowledged",
             ),
             Self::AlreadyJoined => {
                 f.write_str("the guard follows a fleet already: one member per guard at a time")

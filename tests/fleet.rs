@@ -451,6 +451,73 @@ async fn after_redis_lost_its_data_no_member_publishes_its_old_position() {
     );
 }
 
+/// A write whose wait for the members spans Redis losing its data: its
+/// entry went with the old stream, so no member can apply it, and the new
+/// stream's entries (later in Redis's clock) must not stand in for it. The
+/// writer compared positions across the two streams: member b, stalled when
+/// the entry was appended, caught up with the new stream past the entry's
+/// position, `begin_write` returned, and b answered Absent for its key.
+/// (`insert_then_write` appends a key again when its write took longer than
+/// half the write settle, which a wait across a loss does at the default
+/// settle; `begin_write` makes no second append.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_waiting_when_redis_lost_its_data_is_not_confirmed_by_the_new_stream() {
+    let BehindAProxy {
+        server,
+        proxy,
+        a,
+        b,
+    } = behind_a_proxy("inflight", |builder| builder).await;
+    let mut connection = server.client().get_connection().unwrap();
+    // b's lease stays live while stalled (it fences itself only after most
+    // of a lease), so the writer waits for b to apply the entry.
+    proxy.stall();
+    let write = tokio::spawn({
+        let writer = a.fleet.clone();
+        async move { writer.begin_write("in-flight").await }
+    });
+    wait_until("the write to be appended", || {
+        redis::cmd("XLEN")
+            .arg("{inflight}:inserts")
+            .query::<u64>(&mut connection)
+            .unwrap()
+            > 0
+    })
+    .await;
+    let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+    // b's read may have been answered with the entry already: the reply,
+    // held in the stalled proxy, is lost with the connection, as a reply in
+    // flight when Redis went down is.
+    proxy.cut();
+    proxy.resume();
+    // Entries on the new stream, which b applies once it is through.
+    let later = tokio::spawn({
+        let writer = a.fleet.clone();
+        async move {
+            for key in keys("after", 20) {
+                writer.insert_then_write(&key, async {}).await.unwrap();
+            }
+        }
+    });
+    let outcome = tokio::time::timeout(Duration::from_secs(30), write)
+        .await
+        .expect("the write ended")
+        .unwrap();
+    later.await.unwrap();
+    caught_up(&b).await;
+    match outcome {
+        Ok(pending) => {
+            assert_ne!(
+                b.guard().check("in-flight"),
+                Verdict::Absent,
+                "begin_write returned, yet b never applied its entry"
+            );
+            pending.finish().await.unwrap();
+        }
+        Err(error) => assert!(matches!(error, FleetError::EntryLost), "{error}"),
+    }
+}
+
 /// After Redis lost its data, the keys acknowledged before are only in the
 /// members that lived through it. A member joining after must get them:
 /// from a snapshot one of those members publishes, or it stays fenced. The
@@ -850,6 +917,10 @@ async fn a_member_lacking_what_a_lost_mark_needed_marks_the_next_record() {
     stall_until_fenced(&proxy, &a).await;
     let mut connection = server.client().get_connection().unwrap();
     let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+    // b's read may have been answered with the entry already: the reply,
+    // held in the stalled proxy, is lost with the connection, as a reply
+    // in flight when Redis went down is.
+    proxy.cut();
     proxy.resume();
     wait_until("`a` to mark the keys from before as needed", || {
         redis::cmd("EXISTS")
@@ -895,6 +966,10 @@ async fn deleting_the_mark_lets_a_recovering_member_take_the_new_stream() {
     stall_until_fenced(&proxy, &b).await;
     let mut connection = server.client().get_connection().unwrap();
     let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+    // b's read may have been answered with the entry already: the reply,
+    // held in the stalled proxy, is lost with the connection, as a reply
+    // in flight when Redis went down is.
+    proxy.cut();
     proxy.resume();
     wait_until("`b` to mark the keys from before as needed", || {
         redis::cmd("EXISTS")

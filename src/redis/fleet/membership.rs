@@ -27,7 +27,10 @@
 //! `since` knows the data was lost: caught up, it republishes a snapshot of
 //! what it holds; fenced, it recovers, since what it had not applied yet
 //! may be gone. Joiners wait out that same lease before choosing where to
-//! start.
+//! start. A writer whose wait spans the loss is not acknowledged: its entry
+//! may be gone, and the new stream's positions, later in Redis's clock,
+//! would read as past it (each append returns the record it went under, and
+//! the acknowledgement compares the record first).
 //!
 //! A renewal whose reply was lost may have found the lease lapsed, so the
 //! next one is not taken as continuous; a reply to a renewal sent before the
@@ -39,6 +42,7 @@ use std::time::Duration;
 use redis::Script;
 use tokio::time::Instant;
 
+use super::stream::Appended;
 use super::{FleetSync, StreamPosition};
 use crate::error::FleetError;
 
@@ -227,15 +231,21 @@ return {continuous, last, redis.call('ZCARD', KEYS[1]), since, needed, kept, tri
 });
 
 /// Whether every member with a live lease has applied entry
-/// `ARGV[1]-ARGV[2]`. Returns `{behind, wait_ms}`: how many have not (or 1
-/// while the fleet's record is younger than a lease), and how long until
-/// the last of their leases, or that grace, runs out.
+/// `ARGV[1]-ARGV[2]`, appended under the record begun at `ARGV[4]`.
+/// Returns `{behind, wait_ms, lost}`: how many have not (or 1 while the
+/// fleet's record is younger than a lease), how long until the last of
+/// their leases, or that grace, runs out, and 1 when the record is another
+/// one (Redis lost its data: no member can apply the entry, and the new
+/// stream's positions say nothing of it).
 static ACKNOWLEDGED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
             RECORD_SINCE,
             r"
 local since = record_since(KEYS[3], KEYS[4])
+if since ~= tonumber(ARGV[4]) then
+  return {0, 0, 1}
+end
 local now = now_ms()
 local lease = tonumber(ARGV[3])
 local behind, wait = 0, 0
@@ -257,7 +267,7 @@ for i = 1, #members, 2 do
     wait = math.max(wait, tonumber(members[i + 1]) - now)
   end
 end
-return {behind, wait}
+return {behind, wait, 0}
 ",
         ]
         .concat(),
@@ -465,15 +475,19 @@ impl FleetSync {
         }
     }
 
-    /// Waits until every member holding a live lease has applied `entry`,
+    /// Waits until every member holding a live lease has applied `appended`,
     /// or its lease ran out.
-    pub(super) async fn wait_for_members(&self, entry: StreamPosition) -> Result<(), FleetError> {
+    ///
+    /// # Errors
+    /// [`FleetError::EntryLost`] once Redis began another record.
+    pub(super) async fn wait_for_members(&self, appended: Appended) -> Result<(), FleetError> {
+        let Appended { entry, since } = appended;
         let started = Instant::now();
         let keys = &self.inner.keys;
         let mut notices = self.inner.applied_notices.subscribe();
         let mut connection = self.inner.connection.get().await?;
         loop {
-            let (behind, wait_ms): (u64, u64) = ACKNOWLEDGED
+            let (behind, wait_ms, lost): (u64, u64, u8) = ACKNOWLEDGED
                 .key(&keys.leases)
                 .key(&keys.applied)
                 .key(&keys.since)
@@ -481,8 +495,12 @@ impl FleetSync {
                 .arg(entry.millis())
                 .arg(entry.sequence())
                 .arg(self.inner.settings.lease.as_millis() as u64)
+                .arg(since)
                 .invoke_async(&mut connection)
                 .await?;
+            if lost == 1 {
+                return Err(FleetError::EntryLost);
+            }
             if behind == 0 {
                 let latency = started.elapsed();
                 self.inner.counters.record_ack(latency);

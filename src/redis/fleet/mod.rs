@@ -595,8 +595,9 @@ impl FleetSync {
     /// store write then, and call [`FleetWrite::finish`] once it has landed.
     ///
     /// # Errors
-    /// Redis failed, or members did not acknowledge within the timeout: do
-    /// not write (the key may reach some members: a false positive, never a
+    /// Redis failed, members did not acknowledge within the timeout, or
+    /// Redis lost its data meanwhile ([`FleetError::EntryLost`]): do not
+    /// write (the key may reach some members: a false positive, never a
     /// false negative).
     pub async fn begin_write(&self, key: impl AsRef<[u8]>) -> Result<FleetWrite, FleetError> {
         self.begin_write_many(&[key]).await
@@ -617,8 +618,8 @@ impl FleetSync {
             .collect();
         let appended_at = Instant::now();
         if !keys.is_empty() {
-            let entry = self.append(keys, false).await?;
-            self.wait_for_members(entry).await?;
+            let appended = self.append(keys, false).await?;
+            self.wait_for_members(appended).await?;
         }
         self.inner.counters.count_local_inserts(keys.len() as u64);
         Ok(FleetWrite {
@@ -1017,8 +1018,8 @@ impl FleetWrite {
     pub async fn finish(self) -> Result<(), FleetError> {
         let settle = self.fleet.inner.guard.write_settle();
         if self.appended_at.elapsed() > settle / 2 && !self.keys.is_empty() {
-            let entry = self.fleet.append(&self.keys, true).await?;
-            self.fleet.wait_for_members(entry).await?;
+            let appended = self.fleet.append(&self.keys, true).await?;
+            self.fleet.wait_for_members(appended).await?;
         }
         drop(self.local);
         Ok(())

@@ -26,14 +26,15 @@ const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 /// (`max-deleted-entry-id` counts only `XDEL`), and it is how a member knows
 /// whether entries after its position are gone. Trims in steps of a
 /// hundredth of the cap, so that most appends do not trim. Returns the
-/// entry's id. The fleet's record (`KEYS[3]`, `KEYS[4]`) begins first, if
-/// it is to begin: an entry older than the record is one Redis kept.
+/// entry's id and the record it was appended under (`{id, since}`). The
+/// fleet's record (`KEYS[3]`, `KEYS[4]`) begins first, if it is to begin:
+/// an entry older than the record is one Redis kept.
 static APPEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
             RECORD_SINCE,
             r"
-record_since(KEYS[3], KEYS[4])
+local since = record_since(KEYS[3], KEYS[4])
 local id
 if ARGV[2] == '1' then
   id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[4], 'm', ARGV[1], 'landed', '1')
@@ -47,12 +48,21 @@ if excess > 0 and excess >= math.max(1, math.floor(cap / 100)) then
   redis.call('SET', KEYS[2], doomed[excess][1])
   redis.call('XTRIM', KEYS[1], 'MINID', doomed[excess + 1][1])
 end
-return id
+return {id, since}
 ",
         ]
         .concat(),
     )
 });
+
+/// An entry in the stream, and the fleet's record it was appended under:
+/// positions compare only within one record, since a stream Redis lost is
+/// followed by a new one whose ids are later in Redis's clock.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Appended {
+    pub(super) entry: StreamPosition,
+    pub(super) since: u64,
+}
 
 /// The keys of one entry: each as its length (u32, little-endian) and its
 /// bytes. One entry per batch, not per key: a member parses each entry's
@@ -150,14 +160,14 @@ redis.call('PUBLISH', ARGV[4], 'applied')
 
 impl FleetSync {
     /// Appends `keys` to the stream (at least one); `landed` marks the
-    /// second append of a slow write. Returns the last entry's position.
+    /// second append of a slow write.
     pub(super) async fn append<K: AsRef<[u8]>>(
         &self,
         keys: &[K],
         landed: bool,
-    ) -> Result<StreamPosition, FleetError> {
+    ) -> Result<Appended, FleetError> {
         let mut connection = self.inner.connection.get().await?;
-        let entry = APPEND
+        let (entry, since) = APPEND
             .key(&self.inner.keys.stream)
             .key(&self.inner.keys.trimmed)
             .key(&self.inner.keys.since)
@@ -169,7 +179,7 @@ impl FleetSync {
             .invoke_async(&mut connection)
             .await?;
         self.replicated(&mut connection).await?;
-        Ok(entry)
+        Ok(Appended { entry, since })
     }
 
     /// Removes the stream's entries before `position`.

@@ -1,6 +1,7 @@
 //! PostgreSQL as the store behind a guard (the `postgres` feature, through
 //! sqlx): [`PgSource`] streams a table's keys for rebuilds, [`PgLoader`]
-//! reads values, one key with `= $1` and a batch with `= ANY($1)`.
+//! reads values, one key with `= $1` and a batch with one query that joins
+//! the keys, as an array, to the table.
 //!
 //! Both take a [`PgPool`], which reconnects on its own: a pass or a load
 //! made while the database is gone fails (the rebuild is counted failed and
@@ -211,8 +212,11 @@ impl fmt::Debug for PgSource {
     }
 }
 
-/// Values from a table: `SELECT value … WHERE key = $1` for one key, `… WHERE
-/// key = ANY($1)` for a batch (one round trip). Use it as a [`Loader`] for
+/// Values from a table: `SELECT value … WHERE key = $1` for one key, and for
+/// a batch one query joining the keys (`unnest($1) WITH ORDINALITY`) to the
+/// table, whose rows answer the keys by position: each key gets what `= $1`
+/// finds for it, whatever text the row holds (a `char(n)` key is padded).
+/// Use it as a [`Loader`] for
 /// [`GuardedLoader`](crate::GuardedLoader), or as a `tower::Service` behind
 /// [`GuardLayer::for_loader`](crate::GuardLayer::for_loader). `V` is what the
 /// value column decodes to (`String` for text, `Vec<u8>` for bytea, …).
@@ -269,7 +273,15 @@ where
         Self {
             pool,
             one: format!("SELECT {value} FROM {table} WHERE {key} = $1").into(),
-            many: format!("SELECT {key}, {value} FROM {table} WHERE {key} = ANY($1)").into(),
+            // Rows are matched to the keys asked by position, not by the key
+            // text they return: a `char(n)` column pads it, and a
+            // non-deterministic collation returns the row's spelling.
+            many: format!(
+                "SELECT asked.position, {table}.{value} \
+                 FROM unnest($1::text[]) WITH ORDINALITY AS asked(key, position) \
+                 JOIN {table} ON {table}.{key} = asked.key"
+            )
+            .into(),
             timeout: Self::DEFAULT_TIMEOUT,
             value: PhantomData,
         }
@@ -298,21 +310,25 @@ where
     ///
     /// # Errors
     /// As [`get`](Self::get).
-    pub async fn get_many<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<Option<V>>, PgLoadError>
-    where
-        V: Clone,
-    {
+    pub async fn get_many<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<Option<V>>, PgLoadError> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
         let asked: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
-        let query = sqlx::query_as::<_, (String, V)>(&self.many)
+        let query = sqlx::query_as::<_, (i64, V)>(&self.many)
             .bind(&asked)
             .fetch_all(&self.pool);
-        let found: std::collections::HashMap<String, V> =
-            self.within_timeout(query).await?.into_iter().collect();
-        // A key asked twice is answered twice.
-        Ok(asked.iter().map(|key| found.get(*key).cloned()).collect())
+        let mut values: Vec<Option<V>> = std::iter::repeat_with(|| None).take(keys.len()).collect();
+        // A key asked twice is answered twice (it has a position each).
+        for (position, value) in self.within_timeout(query).await? {
+            if let Some(slot) = usize::try_from(position - 1)
+                .ok()
+                .and_then(|i| values.get_mut(i))
+            {
+                slot.get_or_insert(value);
+            }
+        }
+        Ok(values)
     }
 
     async fn within_timeout<T>(
@@ -345,7 +361,7 @@ where
         async move { loader.get(key.as_ref()).await }
     }
 
-    /// One `= ANY($1)` for the batch.
+    /// One query for the batch: the keys as an array, joined to the table.
     fn load_many(
         &self,
         keys: Vec<K>,

@@ -159,6 +159,40 @@ async fn the_loader_reads_one_key_and_batches_in_one_query() {
     assert_eq!(loaded.as_deref(), Some("item 42"));
 }
 
+/// A batch answers each key as `get` does, whatever text the database
+/// gives back for the row: a `char(5)` column returns `'abc  '` for the key
+/// `'abc'`, and a case-insensitive collation `'Ab'` for `'ab'`. The batch
+/// matched the rows by the returned text, and answered `None` for both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_answers_each_key_as_get_does_whatever_text_the_rows_hold() {
+    let server = PostgresServer::start();
+    let pool = server.pool().await;
+    for statement in [
+        "CREATE TABLE codes (code char(5) PRIMARY KEY, name text NOT NULL)",
+        "INSERT INTO codes VALUES ('abc', 'padded'), ('abcde', 'full')",
+        "CREATE COLLATION any_case (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+        "CREATE TABLE handles (handle text COLLATE any_case NOT NULL, name text NOT NULL)",
+        "INSERT INTO handles VALUES ('Ab', 'mixed')",
+    ] {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    let codes = PgLoader::<String>::new(pool.clone(), "codes", "code", "name");
+    let asked = ["abc", "abcde", "nope", "abc"];
+    let mut one_by_one = Vec::new();
+    for key in asked {
+        one_by_one.push(codes.get(key).await.unwrap());
+    }
+    assert_eq!(one_by_one[0].as_deref(), Some("padded"));
+    assert_eq!(codes.get_many(&asked).await.unwrap(), one_by_one);
+
+    let handles = PgLoader::<String>::new(pool, "handles", "handle", "name");
+    assert_eq!(handles.get("ab").await.unwrap().as_deref(), Some("mixed"));
+    assert_eq!(
+        handles.get_many(&["ab", "AB", "x"]).await.unwrap(),
+        [Some("mixed".to_owned()), Some("mixed".to_owned()), None]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_table_or_bad_sql_is_a_clear_error_and_a_stuck_call_times_out() {
     let server = PostgresServer::start();

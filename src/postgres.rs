@@ -93,7 +93,11 @@ impl PgSource {
     fn over(pool: PgPool, relation: &str, key: &str) -> Self {
         Self {
             pool,
-            first_page: format!("SELECT {key} FROM {relation} ORDER BY {key} LIMIT $1"),
+            // A NULL key names no item (and sorts last, where the first
+            // page of a small table reaches it); later pages skip it by `>`.
+            first_page: format!(
+                "SELECT {key} FROM {relation} WHERE {key} IS NOT NULL ORDER BY {key} LIMIT $1"
+            ),
             next_page: format!(
                 "SELECT {key} FROM {relation} WHERE {key} > $1 ORDER BY {key} LIMIT $2"
             ),

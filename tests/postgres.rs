@@ -159,6 +159,27 @@ async fn the_loader_reads_one_key_and_batches_in_one_query() {
     assert_eq!(loaded.as_deref(), Some("item 42"));
 }
 
+/// A NULL key names no item: the pass skips it. It sorts last, so a table
+/// smaller than a page had it on its first page, whose decoding failed every
+/// pass: the guard stayed warming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_null_key_is_skipped_not_a_failed_pass() {
+    let server = PostgresServer::start();
+    let pool = server.pool().await;
+    for statement in [
+        "CREATE TABLE drafts (id text, name text)",
+        "INSERT INTO drafts VALUES ('1', 'one'), (NULL, 'unnamed'), ('2', 'two')",
+    ] {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    for page in [1, 10_000] {
+        let guard = guard_from(PgSource::new(pool.clone(), "drafts", "id").page(page));
+        let report = guard.rebuild().await.unwrap();
+        assert_eq!(report.keys, 2, "page of {page}");
+        assert_eq!(guard.check("2"), Verdict::MaybePresent);
+    }
+}
+
 /// A batch answers each key as `get` does, whatever text the database
 /// gives back for the row: a `char(5)` column returns `'abc  '` for the key
 /// `'abc'`, and a case-insensitive collation `'Ab'` for `'ab'`. The batch

@@ -194,12 +194,18 @@ impl Guard {
         None
     }
 
-    /// When the newest generation of a rotating guard is due to retire.
+    /// When the newest generation of a rotating guard is due to retire;
+    /// never while warming, where a rotation changes nothing (and a filter
+    /// merged then would be due at once, every tick, until the first build).
     fn next_rotation(&self) -> Option<Instant> {
         let Lifecycle::Rotate { period, .. } = self.inner.lifecycle else {
             return None;
         };
-        Some(self.inner.live.load().newest()?.opened_at + period)
+        let live = self.inner.live.load();
+        if live.warming {
+            return None;
+        }
+        Some(live.newest()?.opened_at + period)
     }
 
     /// Asks the store about a key the guard answered `Absent` for.
@@ -521,5 +527,26 @@ mod tests {
         distinct.sort();
         distinct.dedup();
         assert!(distinct.len() > waits.len() / 2, "jittered: {waits:?}");
+    }
+
+    /// A rotation of a warming set changes nothing, so a warming guard is
+    /// not due one. A filter merged while warming is its newest generation:
+    /// once its period passed, the maintenance task rotated (a full-size
+    /// filter made and dropped) and woke again at once, until the first
+    /// build committed.
+    #[test]
+    fn a_warming_guard_is_never_due_to_rotate() {
+        let guard = crate::Guard::builder()
+            .expected_items(1_000)
+            .seed(7)
+            .lifecycle(crate::Lifecycle::rotate(2, Duration::from_millis(1)))
+            .source(crate::source::from_fn(Vec::<Vec<u8>>::new))
+            .build()
+            .unwrap();
+        let merged = crate::AtomicBloom::with_seed(1_000, 0.01, 7).unwrap();
+        guard.merge_filter(merged).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(guard.is_warming());
+        assert_eq!(guard.next_rotation(), None);
     }
 }

@@ -42,6 +42,12 @@ use crate::guard::{Guard, PendingWrite};
 /// whose write was not keyed is answered 404 until a rebuild from the
 /// store picks it up.
 ///
+/// **One instance only.** The insert goes into this process's guard. In a
+/// fleet of instances sharing a store, the others' guards never see it and
+/// answer 404 for the item until they rebuild: write through
+/// `FleetSync::insert_then_write` (`bloomguard::redis::fleet`, the `redis`
+/// feature) in the handler instead of this layer.
+///
 /// ```
 /// use axum::{Router, http::Method, routing::post};
 /// use bloomguard::{Guard, InsertLayer, layer::PathKey};

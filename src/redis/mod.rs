@@ -239,6 +239,8 @@ impl RedisSource {
     }
 
     /// Only keys of this Redis type (`SCAN … TYPE`: `string`, `hash`, …).
+    /// [`RedisLoader`] reads strings only: load keys of another type with a
+    /// [`Loader`] of your own.
     #[must_use]
     pub fn key_type(mut self, key_type: impl Into<String>) -> Self {
         self.key_type = Some(key_type.into());
@@ -553,6 +555,13 @@ impl fmt::Debug for RedisSource {
 /// Values from Redis: `GET prefix+key`, and `MGET` for batches. Use it as a
 /// [`Loader`] for [`GuardedLoader`](crate::GuardedLoader), or as a
 /// `tower::Service` behind [`GuardLayer::for_loader`](crate::GuardLayer::for_loader).
+///
+/// **String values only.** A key holding a hash, a list or a set is an
+/// error for `get` (Redis answers `WRONGTYPE`), but `MGET` answers it as
+/// nil, so a batch reads it as not found: an item the guard holds answered
+/// absent. For keys of another type (a [`RedisSource`] with
+/// [`key_type`](RedisSource::key_type) other than `string`), implement
+/// [`Loader`] with the command that reads them (`HGETALL`, `SMEMBERS`).
 #[derive(Clone)]
 pub struct RedisLoader {
     connection: Connection,

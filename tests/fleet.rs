@@ -1356,6 +1356,78 @@ async fn a_member_configured_otherwise_refuses_to_join() {
     ));
 }
 
+/// Redis losing its data loses the fleet's settings too. The members
+/// running record theirs again at their first renewal after, so a member
+/// configured otherwise is still refused; before, only a join recorded
+/// them, and one with another write settle joined (its rebuilds, shared
+/// with the fleet, could then miss the others' slow writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_redis_lost_its_data_a_member_configured_otherwise_is_still_refused() {
+    let server = RedisServer::start();
+    let _a = join(guard("a"), server.client(), "resettled").await;
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+    wait_until("the settings to be recorded again", || {
+        redis::cmd("EXISTS")
+            .arg("{resettled}:settings")
+            .query::<bool>(&mut connection)
+            .unwrap()
+    })
+    .await;
+    let slower = Guard::builder()
+        .name("slower")
+        .expected_items(100_000)
+        .seed(0xf1ee7)
+        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::from_secs(10)))
+        .build()
+        .unwrap();
+    let refused = FleetSync::builder(slower, server.client(), "resettled")
+        .lease(LEASE)
+        .build()
+        .join()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &refused,
+            FleetError::SettingsDiffer {
+                setting: "write_settle_ms",
+                ..
+            }
+        ),
+        "{refused}"
+    );
+}
+
+/// The other way round: a member configured otherwise recorded its
+/// settings first after the loss. The member running from before finds
+/// them at its next renewal and stays fenced, rather than serve (and share
+/// rebuilds) under settings the fleet does not hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_finding_other_settings_after_a_loss_stays_fenced() {
+    let server = RedisServer::start();
+    let a = join(guard("a"), server.client(), "diverged").await;
+    caught_up(&a).await;
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::pipe()
+        .atomic()
+        .cmd("FLUSHALL")
+        .ignore()
+        .set("{diverged}:settings", "write_settle_ms=10000")
+        .ignore()
+        .query(&mut connection)
+        .unwrap();
+    // A member caught up when Redis lost its data is not fenced by the loss
+    // itself: it holds every acknowledged key.
+    wait_until("a to fence itself", || a.guard().is_fenced()).await;
+    tokio::time::sleep(LEASE * 4).await;
+    assert!(
+        a.guard().is_fenced(),
+        "a serves under settings the fleet does not hold"
+    );
+    assert!(!a.handle.is_finished());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_snapshot_is_refused_and_the_member_joins_from_the_stream() {
     let server = RedisServer::start();

@@ -534,6 +534,9 @@ impl FleetSync {
                     Ok(renewal) => self.renewed(renewal),
                     Err(error) => tracing::debug!(%error, "lease not renewed"),
                 }
+                if self.state().settings_unchecked {
+                    self.check_settings_again().await;
+                }
             }
             #[cfg(feature = "metrics")]
             self.publish_metrics();

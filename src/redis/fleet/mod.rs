@@ -358,6 +358,13 @@ struct MemberState {
     last_read_at: Option<Instant>,
     /// Whether the guard is fenced now.
     fenced: bool,
+    /// Redis lost its data, the fleet's settings with it: record ours again
+    /// (or find another member's), as the join did.
+    settings_unchecked: bool,
+    /// The settings recorded after a loss are another member's: fenced for
+    /// good, since rebuilds made under one write settle miss the slow writes
+    /// of the other.
+    settings_differ: bool,
     /// Times the live set was replaced from a snapshot.
     replacements: u64,
     members: u64,
@@ -381,6 +388,7 @@ impl MemberState {
             || self.catch_up_to.is_some()
             || self.recovering
             || self.fresh_until_renewed_after.is_some()
+            || self.settings_differ
     }
 }
 
@@ -826,6 +834,28 @@ impl FleetSync {
         Ok(())
     }
 
+    /// After Redis lost its data: the join's settings check again, so that
+    /// a member configured otherwise, joining after the loss, is refused
+    /// (where this one records its settings first) or this one fences for
+    /// good (where the other did). Retried at the next renewal if Redis fails.
+    async fn check_settings_again(&self) {
+        match self.check_settings().await {
+            Ok(()) => self.state().settings_unchecked = false,
+            Err(error @ FleetError::SettingsDiffer { .. }) => {
+                tracing::error!(%error, "the fleet recorded other settings after a data loss: fenced until this member leaves");
+                {
+                    let mut state = self.state();
+                    state.settings_unchecked = false;
+                    state.settings_differ = true;
+                }
+                self.refresh_fence();
+            }
+            Err(error) => {
+                tracing::debug!(%error, "settings not checked; again at the next renewal")
+            }
+        }
+    }
+
     /// Leaving: give the lease back so that writers stop waiting; the guard
     /// stays fenced, since nothing keeps it up to date any more.
     async fn leave(&self) {
@@ -877,6 +907,7 @@ impl FleetSync {
                 };
                 state.catch_up_to = None;
                 state.stream_resets += 1;
+                state.settings_unchecked = true;
             }
             if (!renewal.continuous || in_doubt || lost_data) && renewal.last > state.position {
                 // Writers may have counted this member out while its lease

@@ -341,11 +341,13 @@ pub enum FleetError {
         /// Members still behind.
         members_behind: u64,
     },
-    /// Redis began a new record (it lost its data: a restart without
-    /// persistence, a flush, a failover to a replica without the entry)
-    /// while the writer waited for the members to apply its entry: the
-    /// entry may be gone, so no member may ever apply it. The insert was
-    /// not acknowledged; write again.
+    /// Redis began a new fleet record (it lost its data, restarted, failed
+    /// over, or its clock stepped back) while the writer waited for the
+    /// members to apply its entry: the entry may be gone, so no member may
+    /// ever apply it. From [`FleetSync::begin_write`](crate::redis::fleet::FleetSync::begin_write),
+    /// the insert was not acknowledged: do not write, try again. From
+    /// [`FleetWrite::finish`](crate::redis::fleet::FleetWrite::finish), the
+    /// second append was not: see there.
     EntryLost,
     /// The guard follows a fleet already, through this member or another
     /// one: a guard has one member at a time (the first one's

@@ -281,9 +281,9 @@ where
             // text they return: a `char(n)` column pads it, and a
             // non-deterministic collation returns the row's spelling.
             many: format!(
-                "SELECT asked.position, {table}.{value} \
+                "SELECT asked.position, stored.{value} \
                  FROM unnest($1::text[]) WITH ORDINALITY AS asked(key, position) \
-                 JOIN {table} ON {table}.{key} = asked.key"
+                 JOIN {table} AS stored ON stored.{key} = asked.key"
             )
             .into(),
             timeout: Self::DEFAULT_TIMEOUT,

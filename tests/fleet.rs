@@ -146,6 +146,11 @@ fn record_is_marked(connection: &mut redis::Connection, fleet: &str) -> bool {
     marked.is_some() && marked == since
 }
 
+/// Whether Redis holds `key`.
+fn exists(connection: &mut redis::Connection, key: &str) -> bool {
+    redis::cmd("EXISTS").arg(key).query(connection).unwrap()
+}
+
 /// Writes 20 keys through `member` (acknowledged by the fleet) and returns
 /// them: the keys from before the loss that a test then looks for.
 async fn write_keys_from_before(member: &Member) -> Vec<String> {
@@ -676,10 +681,7 @@ async fn a_member_lapsed_across_a_loss_and_a_failover_recovers() {
     let mut connection = server.client().get_connection().unwrap();
     let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
     wait_until("`a` to mark the record after the loss", || {
-        redis::cmd("EXISTS")
-            .arg("{twice}:snapshot:needed")
-            .query::<bool>(&mut connection)
-            .unwrap()
+        exists(&mut connection, "{twice}:snapshot:needed")
     })
     .await;
     let since_after_the_loss: u64 = redis::cmd("GET")
@@ -917,16 +919,9 @@ async fn a_member_lacking_what_a_lost_mark_needed_marks_the_next_record() {
     stall_until_fenced(&proxy, &a).await;
     let mut connection = server.client().get_connection().unwrap();
     let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
-    // b's read may have been answered with the entry already: the reply,
-    // held in the stalled proxy, is lost with the connection, as a reply
-    // in flight when Redis went down is.
-    proxy.cut();
     proxy.resume();
     wait_until("`a` to mark the keys from before as needed", || {
-        redis::cmd("EXISTS")
-            .arg("{unsaved}:snapshot:needed")
-            .query::<bool>(&mut connection)
-            .unwrap()
+        exists(&mut connection, "{unsaved}:snapshot:needed")
     })
     .await;
     let c = join(guard("c"), server.client(), "unsaved").await;
@@ -966,16 +961,9 @@ async fn deleting_the_mark_lets_a_recovering_member_take_the_new_stream() {
     stall_until_fenced(&proxy, &b).await;
     let mut connection = server.client().get_connection().unwrap();
     let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
-    // b's read may have been answered with the entry already: the reply,
-    // held in the stalled proxy, is lost with the connection, as a reply
-    // in flight when Redis went down is.
-    proxy.cut();
     proxy.resume();
     wait_until("`b` to mark the keys from before as needed", || {
-        redis::cmd("EXISTS")
-            .arg("{accept}:snapshot:needed")
-            .query::<bool>(&mut connection)
-            .unwrap()
+        exists(&mut connection, "{accept}:snapshot:needed")
     })
     .await;
     assert!(b.guard().is_fenced());
@@ -1360,20 +1348,16 @@ async fn a_member_configured_otherwise_refuses_to_join() {
 /// running record theirs again at their first renewal after, so a member
 /// configured otherwise is still refused; before, only a join recorded
 /// them, and one with another write settle joined (its rebuilds, shared
-/// with the fleet, could then miss the others' slow writes).
+/// with the fleet, could then miss the others' slow writes). The joiner
+/// comes at once: it checks after waiting out the new record's first
+/// lease, by when `a` (renewing every quarter lease) has recorded its
+/// settings; a joiner that checked first recorded its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_redis_lost_its_data_a_member_configured_otherwise_is_still_refused() {
     let server = RedisServer::start();
     let _a = join(guard("a"), server.client(), "resettled").await;
     let mut connection = server.client().get_connection().unwrap();
     let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
-    wait_until("the settings to be recorded again", || {
-        redis::cmd("EXISTS")
-            .arg("{resettled}:settings")
-            .query::<bool>(&mut connection)
-            .unwrap()
-    })
-    .await;
     let slower = Guard::builder()
         .name("slower")
         .expected_items(100_000)
@@ -1397,6 +1381,7 @@ async fn after_redis_lost_its_data_a_member_configured_otherwise_is_still_refuse
         ),
         "{refused}"
     );
+    assert!(exists(&mut connection, "{resettled}:settings"));
 }
 
 /// The other way round: a member configured otherwise recorded its

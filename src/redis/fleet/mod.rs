@@ -73,7 +73,12 @@
 //! - **One configuration per fleet.** The first member records the settings
 //!   that must agree (seed, size, rate, lifecycle, write settle, lease) under
 //!   `{name}:settings`; a member configured otherwise refuses to join with
-//!   [`FleetError::SettingsDiffer`].
+//!   [`FleetError::SettingsDiffer`]. A joiner checks them after waiting out
+//!   a young record's first lease, and the members running record theirs
+//!   again at their first renewal after Redis lost its data: so after a
+//!   loss the members from before record first, and a member that finds
+//!   another's settings there fences itself until it leaves (logged at
+//!   ERROR; restart it configured as the fleet is).
 //!
 //! **What the fleet does not cover.**
 //! - A Redis that evicts keys it holds without a TTL (`maxmemory-policy`
@@ -721,7 +726,6 @@ impl FleetSync {
     /// Records or compares the settings, finds where to start reading, and
     /// takes the first lease.
     async fn enter(&self) -> Result<(), FleetError> {
-        self.check_settings().await?;
         self.warn_if_keys_may_be_evicted().await;
         // A fleet record younger than a lease (a new fleet, or a Redis that
         // lost its data) holds every write for the rest of that lease: wait
@@ -742,6 +746,10 @@ impl FleetSync {
             state.snapshot_needed = false;
         }
         tokio::time::sleep(grace).await;
+        // After the grace: following a loss, the members from before have
+        // recorded their settings by then, and a joiner configured otherwise
+        // is refused rather than record its own first.
+        self.check_settings().await?;
         let snapshot = match self.load_covering_snapshot(None).await {
             Err(FleetError::Redis(error)) => return Err(error.into()),
             Err(error) => {

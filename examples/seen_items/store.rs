@@ -1,7 +1,7 @@
 //! Where the seen history lives: an embedded in-memory store, Redis when
 //! `REDIS_URL` is set, or PostgreSQL when `DATABASE_URL` is. Each is a
-//! `Loader` (batches with one lookup pass, one MGET, or one `= ANY($1)`) and
-//! a `KeySource` for the guard's rebuilds.
+//! `Loader` (batches with one lookup pass, one MGET, or one query joining the
+//! keys to the table) and a `KeySource` for the guard's rebuilds.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;

@@ -146,6 +146,19 @@ fn record_is_marked(connection: &mut redis::Connection, fleet: &str) -> bool {
     marked.is_some() && marked == since
 }
 
+/// The error a join of `guard` to `fleet` fails with.
+async fn refused_join(
+    guard: Guard,
+    client: redis::Client,
+    fleet: &str,
+    lease: Duration,
+) -> FleetError {
+    let fleet = FleetSync::builder(guard, client, fleet)
+        .lease(lease)
+        .build();
+    fleet.join().await.unwrap_err()
+}
+
 /// Whether Redis holds `key`.
 fn exists(connection: &mut redis::Connection, key: &str) -> bool {
     redis::cmd("EXISTS").arg(key).query(connection).unwrap()
@@ -1311,12 +1324,7 @@ async fn a_member_configured_otherwise_refuses_to_join() {
         .seed(1)
         .build()
         .unwrap();
-    let refused = FleetSync::builder(other.clone(), server.client(), "settings")
-        .lease(LEASE)
-        .build()
-        .join()
-        .await
-        .unwrap_err();
+    let refused = refused_join(other.clone(), server.client(), "settings", LEASE).await;
     assert!(
         matches!(
             &refused,
@@ -1329,12 +1337,7 @@ async fn a_member_configured_otherwise_refuses_to_join() {
     );
     assert!(!other.is_fenced(), "the guard is left as it was");
 
-    let other_lease = FleetSync::builder(guard("b"), server.client(), "settings")
-        .lease(LEASE * 2)
-        .build()
-        .join()
-        .await
-        .unwrap_err();
+    let other_lease = refused_join(guard("b"), server.client(), "settings", LEASE * 2).await;
     assert!(matches!(
         other_lease,
         FleetError::SettingsDiffer {
@@ -1365,12 +1368,7 @@ async fn after_redis_lost_its_data_a_member_configured_otherwise_is_still_refuse
         .rebuild_policy(RebuildPolicy::default().write_settle(Duration::from_secs(10)))
         .build()
         .unwrap();
-    let refused = FleetSync::builder(slower, server.client(), "resettled")
-        .lease(LEASE)
-        .build()
-        .join()
-        .await
-        .unwrap_err();
+    let refused = refused_join(slower, server.client(), "resettled", LEASE).await;
     assert!(
         matches!(
             &refused,

@@ -401,7 +401,8 @@ impl fmt::Display for FleetError {
                 "{members_behind} fleet member(s) did not apply the insert within {waited:?}"
             ),
             Self::EntryLost => f.write_str(
-                "Redis lost its data while the fleet applied the insert: not acknowledged",
+                "Redis began a new fleet record (a data loss, restart, failover or clock step) \
+                 while the fleet applied the insert: not acknowledged",
             ),
             Self::AlreadyJoined => {
                 f.write_str("the guard follows a fleet already: one member per guard at a time")

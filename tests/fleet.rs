@@ -17,7 +17,7 @@ use bloomguard::redis::fleet::{FleetHandle, FleetSync, FleetSyncBuilder, StreamP
 use bloomguard::redis::{FleetError, FleetWriteError, RedisSource};
 use bloomguard::{Guard, Lifecycle, RebuildPolicy, Verdict};
 use common::redis_server::RedisServer;
-use common::tcp_proxy::TcpProxy;
+use common::tcp_proxy::{StallAt, TcpProxy};
 use common::wait_until;
 use tokio_util::sync::CancellationToken;
 
@@ -1093,6 +1093,103 @@ async fn a_snapshot_taken_before_redis_lost_its_data_is_not_published_after() {
     );
 }
 
+/// A snapshot's chunks were named by a version that `INCR` hands out and
+/// a loss resets. A member that took its version before Redis lost its data
+/// and wrote its chunks after overwrote a survivor's snapshot of the same
+/// version: a member joining then adopted the late publisher's set, which
+/// lacks the new stream's entries, at the survivor's position past them, and
+/// answered Absent for them; the late publish, refused, then deleted the
+/// survivor's chunks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_straddling_a_loss_leaves_the_survivors_snapshot_whole() {
+    // b's calls time out after a lease. a learns of the loss at a renewal
+    // and publishes by the next few (a quarter lease apart): half of b's
+    // wait here, measured at the default lease.
+    let long_lease = |builder: FleetSyncBuilder| builder.lease(Duration::from_secs(8));
+    let BehindAProxy {
+        server,
+        proxy,
+        a,
+        b,
+    } = behind_a_proxy("straddle", long_lease).await;
+    let before = write_keys_from_before(&a).await;
+    caught_up(&b).await;
+    let mut connection = server.client().get_connection().unwrap();
+    let version = "{straddle}:snapshot:version";
+    let () = redis::cmd("SET")
+        .arg(version)
+        .arg(41)
+        .query(&mut connection)
+        .unwrap();
+    // b takes version 42; its chunks wait.
+    proxy.stall_at(b"snapshot:version", StallAt::After);
+    let late = tokio::spawn({
+        let fleet = b.fleet.clone();
+        async move { fleet.publish_snapshot().await }
+    });
+    wait_until("b to take its version", || proxy.is_stalled()).await;
+    // Redis loses its data, and a key is written on the new stream (as a
+    // member appends it; a write through the fleet would wait out the new
+    // record's first lease, and b's call would time out meanwhile). a, which
+    // lived through the loss, publishes past it: version 42 again.
+    let after = b"after";
+    let mut entry = (after.len() as u32).to_le_bytes().to_vec();
+    entry.extend_from_slice(after);
+    let () = redis::pipe()
+        .atomic()
+        .cmd("FLUSHALL")
+        .ignore()
+        .cmd("SET")
+        .arg(version)
+        .arg(41)
+        .ignore()
+        .cmd("XADD")
+        .arg("{straddle}:inserts")
+        .arg("*")
+        .arg("k")
+        .arg(entry)
+        .arg("m")
+        .arg("elsewhere")
+        .ignore()
+        .query(&mut connection)
+        .unwrap();
+    wait_until("a to publish what preceded the loss", || {
+        snapshot_covers_the_record(&mut connection, "straddle")
+    })
+    .await;
+    let manifest: String = redis::cmd("GET")
+        .arg("{straddle}:snapshot")
+        .query(&mut connection)
+        .unwrap();
+    assert_eq!(manifest.split(' ').nth(1), Some("42"), "{manifest}");
+    // b writes its chunks, its manifest is refused, and its clean-up waits.
+    proxy.stall_at(b"\r\nDEL\r\n", StallAt::Before);
+    proxy.resume();
+    wait_until("b to clean up", || proxy.is_stalled()).await;
+    let expected: Vec<&str> = before.iter().map(String::as_str).chain(["after"]).collect();
+    let c = join_with(guard("c"), server.client(), "straddle", long_lease).await;
+    caught_up(&c).await;
+    for key in &expected {
+        assert_ne!(
+            c.guard().check(key),
+            Verdict::Absent,
+            "{key} is absent on a member that joined from the survivor's snapshot"
+        );
+    }
+    proxy.resume();
+    let refused = late.await.unwrap();
+    assert!(refused.is_err(), "b's position is in the lost stream");
+    let d = join_with(guard("d"), server.client(), "straddle", long_lease).await;
+    caught_up(&d).await;
+    for key in &expected {
+        assert_ne!(
+            d.guard().check(key),
+            Verdict::Absent,
+            "{key} is absent on a member that joined after the late publish"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_the_trimmed_stream_left_behind_recovers_from_a_snapshot() {
     let small =
@@ -1421,7 +1518,7 @@ async fn a_bad_snapshot_is_refused_and_the_member_joins_from_the_stream() {
         .query(&mut connection)
         .unwrap();
     let () = redis::cmd("SET")
-        .arg("{bad}:snapshot:7:0")
+        .arg("{bad}:snapshot:0:7:0")
         .arg("this is not a filter")
         .query(&mut connection)
         .unwrap();

@@ -294,8 +294,12 @@ impl Keys {
         }
     }
 
-    fn chunk(&self, version: u64, index: usize) -> String {
-        format!("{}:{version}:{index}", self.manifest)
+    /// A snapshot's chunk, named by the record it was published under as
+    /// well as its version: a loss resets the version counter, and a
+    /// publish that took its version before would otherwise write over the
+    /// chunks of one published after.
+    fn chunk(&self, since: u64, version: u64, index: usize) -> String {
+        format!("{}:{since}:{version}:{index}", self.manifest)
     }
 }
 

@@ -2,7 +2,8 @@
 //! loaded by members that join or recover.
 //!
 //! The encoded set goes into chunks of at most `snapshot_chunk_bytes` under
-//! a new version number (`{name}:snapshot:{version}:{i}`); then the manifest
+//! the fleet's record and a new version number
+//! (`{name}:snapshot:{since}:{version}:{i}`); then the manifest
 //! `{name}:snapshot` ("position version chunks fresh since") is switched to it in
 //! one `SET` (refused when the fleet's record in Redis is no longer the one
 //! the position was read under), so a reader sees the old snapshot or the
@@ -150,6 +151,7 @@ impl FleetSync {
         // The position first: the set holds at least every entry up to it.
         let (position, replacements, resets, fleet_since, fresh) =
             taken().ok_or(FleetError::Fenced)?;
+        let since = fleet_since.unwrap_or(0);
         let encoded = self
             .inner
             .guard
@@ -173,7 +175,7 @@ impl FleetSync {
         let count = chunks.len();
         for (i, chunk) in chunks.enumerate() {
             let () = redis::cmd("SET")
-                .arg(keys.chunk(version, i))
+                .arg(keys.chunk(since, version, i))
                 .arg(chunk)
                 .query_async(&mut connection)
                 .await?;
@@ -184,11 +186,10 @@ impl FleetSync {
             .key(&keys.snapshot_needed)
             .key(&keys.record)
             .arg(format!(
-                "{position} {version} {count} {} {}",
-                u8::from(fresh),
-                fleet_since.unwrap_or(0)
+                "{position} {version} {count} {} {since}",
+                u8::from(fresh)
             ))
-            .arg(fleet_since.unwrap_or(0))
+            .arg(since)
             .arg(u8::from(fresh))
             .invoke_async(&mut connection)
             .await
@@ -201,7 +202,7 @@ impl FleetSync {
                 if error.to_string().contains(MANIFEST_REFUSED) {
                     let mut delete = redis::cmd("DEL");
                     for i in 0..count {
-                        delete.arg(keys.chunk(version, i));
+                        delete.arg(keys.chunk(since, version, i));
                     }
                     let _: Result<i64, _> = delete.query_async(&mut connection).await;
                 }
@@ -218,11 +219,11 @@ impl FleetSync {
             .query_async(&mut connection)
             .await?;
         if let Some(old) = previous.as_deref().and_then(Manifest::parse)
-            && old.version != version
+            && (old.since, old.version) != (since, version)
         {
             let mut delete = redis::cmd("DEL");
             for i in 0..old.chunks {
-                delete.arg(keys.chunk(old.version, i));
+                delete.arg(keys.chunk(old.since, old.version, i));
             }
             let _: i64 = delete.query_async(&mut connection).await?;
             self.trim_before(old.position.min(position)).await?;
@@ -338,7 +339,7 @@ impl FleetSync {
         let mut encoded = Vec::new();
         for i in 0..manifest.chunks {
             let chunk: Option<Vec<u8>> = redis::cmd("GET")
-                .arg(keys.chunk(manifest.version, i))
+                .arg(keys.chunk(manifest.since, manifest.version, i))
                 .query_async(&mut connection)
                 .await?;
             match chunk {

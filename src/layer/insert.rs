@@ -22,7 +22,12 @@ use crate::guard::{Guard, PendingWrite};
 /// running meanwhile waits for it (see [`PendingWrite`]). A response future
 /// dropped before that (the client went away) ends the cover: see
 /// [`Guard::insert_then_write`](crate::Guard::insert_then_write) for the
-/// writes that then need to be cancel-safe.
+/// writes that then need to be cancel-safe. So does the answer itself: a
+/// handler that writes after it has answered (from a task it spawned, or
+/// while its response body streams) must have the write visible in the
+/// store within the
+/// [write settle](crate::RebuildPolicy::write_settle), or hold a
+/// [`PendingWrite`] of its own ([`Guard::begin_write`]) until it is.
 ///
 /// A write whose request has no key (another route, another method) goes
 /// through without an insert, as it must for the routes that write other

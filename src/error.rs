@@ -318,6 +318,12 @@ pub enum FleetError {
     Fenced,
     /// The snapshot's manifest is not `position version chunks fresh since`.
     BadManifest,
+    /// The snapshot was out of date by the time it was written, and the
+    /// fleet's snapshot is left as it was: Redis began a new fleet record
+    /// since its position was read (no member could replay from it), another
+    /// member's publish trimmed the stream past it meanwhile, or this member
+    /// holds none of the keys Redis lost where those are what is needed.
+    SnapshotRefused,
     /// Other members replaced the snapshot during each of `attempts` reads.
     KeptChanging {
         /// Reads tried.
@@ -376,6 +382,9 @@ impl fmt::Display for FleetError {
             Self::Warming => f.write_str("the guard has no filter to publish yet"),
             Self::Fenced => f.write_str(
                 "this member is fenced (behind the fleet's acknowledged inserts): not publishing",
+            ),
+            Self::SnapshotRefused => f.write_str(
+                "fleet snapshot not published: out of date by the time it was written",
             ),
             Self::BadManifest => f.write_str(
                 "fleet snapshot refused: its manifest is not \"position version chunks fresh since\"",

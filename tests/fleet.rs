@@ -174,6 +174,22 @@ async fn write_keys_from_before(member: &Member) -> Vec<String> {
     before
 }
 
+/// Appends `key` to the fleet's stream as a member's write does, without
+/// waiting for the members to apply it (a write through the fleet does).
+fn member_entry(fleet: &str, key: &str) -> redis::Cmd {
+    let mut entry = (key.len() as u32).to_le_bytes().to_vec();
+    entry.extend_from_slice(key.as_bytes());
+    let mut append = redis::cmd("XADD");
+    append
+        .arg(format!("{{{fleet}}}:inserts"))
+        .arg("*")
+        .arg("k")
+        .arg(entry)
+        .arg("m")
+        .arg("elsewhere");
+    append
+}
+
 /// Waits until the member is caught up (not fenced).
 async fn caught_up(member: &Member) {
     wait_until("the member to catch up", || !member.guard().is_fenced()).await;
@@ -1132,9 +1148,6 @@ async fn a_publish_straddling_a_loss_leaves_the_survivors_snapshot_whole() {
     // member appends it; a write through the fleet would wait out the new
     // record's first lease, and b's call would time out meanwhile). a, which
     // lived through the loss, publishes past it: version 42 again.
-    let after = b"after";
-    let mut entry = (after.len() as u32).to_le_bytes().to_vec();
-    entry.extend_from_slice(after);
     let () = redis::pipe()
         .atomic()
         .cmd("FLUSHALL")
@@ -1143,13 +1156,7 @@ async fn a_publish_straddling_a_loss_leaves_the_survivors_snapshot_whole() {
         .arg(version)
         .arg(41)
         .ignore()
-        .cmd("XADD")
-        .arg("{straddle}:inserts")
-        .arg("*")
-        .arg("k")
-        .arg(entry)
-        .arg("m")
-        .arg("elsewhere")
+        .add_command(member_entry("straddle", "after"))
         .ignore()
         .query(&mut connection)
         .unwrap();
@@ -1178,7 +1185,10 @@ async fn a_publish_straddling_a_loss_leaves_the_survivors_snapshot_whole() {
     }
     proxy.resume();
     let refused = late.await.unwrap();
-    assert!(refused.is_err(), "b's position is in the lost stream");
+    assert!(
+        matches!(refused, Err(FleetError::SnapshotRefused)),
+        "b's position is in the lost stream: {refused:?}"
+    );
     let d = join_with(guard("d"), server.client(), "straddle", long_lease).await;
     caught_up(&d).await;
     for key in &expected {
@@ -1188,6 +1198,62 @@ async fn a_publish_straddling_a_loss_leaves_the_survivors_snapshot_whole() {
             "{key} is absent on a member that joined after the late publish"
         );
     }
+}
+
+/// A publish takes the member's position first and writes its snapshot
+/// after; another member's publishes meanwhile can trim the stream past that
+/// position. The late snapshot still replaced the fleet's: members joining
+/// or recovering found none that the stream continues, and stayed fenced
+/// until the next publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_the_stream_was_trimmed_past_does_not_replace_the_fleets() {
+    // b's held call times out after a lease.
+    let long_lease = |builder: FleetSyncBuilder| builder.lease(Duration::from_secs(8));
+    let BehindAProxy {
+        server,
+        proxy,
+        a,
+        b,
+    } = behind_a_proxy("trimmed-past", long_lease).await;
+    a.fleet.insert_then_write("first", async {}).await.unwrap();
+    caught_up(&b).await;
+    proxy.stall_at(b"snapshot:version", StallAt::Before);
+    let late = tokio::spawn({
+        let fleet = b.fleet.clone();
+        async move { fleet.publish_snapshot().await }
+    });
+    wait_until("b to take its position", || proxy.is_stalled()).await;
+    // Entries b has not read; a publishes past them twice, and the second
+    // publish trims the stream to the first's position.
+    let mut connection = server.client().get_connection().unwrap();
+    let mut last = StreamPosition::START;
+    for key in keys("later", 3) {
+        last = member_entry("trimmed-past", &key)
+            .query(&mut connection)
+            .unwrap();
+    }
+    wait_until("a to apply them", || a.fleet.stats().position == last).await;
+    a.fleet.publish_snapshot().await.unwrap();
+    a.fleet.publish_snapshot().await.unwrap();
+    let trimmed: StreamPosition = redis::cmd("GET")
+        .arg("{trimmed-past}:inserts:trimmed")
+        .query(&mut connection)
+        .unwrap();
+    proxy.resume();
+    let outcome = late.await.unwrap();
+    let manifest: String = redis::cmd("GET")
+        .arg("{trimmed-past}:snapshot")
+        .query(&mut connection)
+        .unwrap();
+    let position: StreamPosition = manifest.split(' ').next().unwrap().parse().unwrap();
+    assert!(
+        position >= trimmed,
+        "b published {outcome:?}: the fleet's snapshot is at {position}, the stream trimmed to {trimmed}"
+    );
+    assert!(
+        matches!(outcome, Err(FleetError::SnapshotRefused)),
+        "{outcome:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

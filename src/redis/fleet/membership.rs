@@ -42,6 +42,7 @@ use std::time::Duration;
 use redis::Script;
 use tokio::time::Instant;
 
+use super::position::POSITION_BEFORE;
 use super::stream::Appended;
 use super::{FleetSync, StreamPosition};
 use crate::error::FleetError;
@@ -230,8 +231,8 @@ return {continuous, last, redis.call('ZCARD', KEYS[1]), since, needed, kept, tri
     )
 });
 
-/// Whether every member with a live lease has applied entry
-/// `ARGV[1]-ARGV[2]`, appended under the record begun at `ARGV[4]`.
+/// Whether every member with a live lease has applied entry `ARGV[1]`,
+/// appended under the record begun at `ARGV[3]`.
 /// Returns `{behind, wait_ms, lost}`: how many have not (or 1 while the
 /// fleet's record is younger than a lease), how long until the last of
 /// their leases, or that grace, runs out, and 1 when the record is another
@@ -241,28 +242,22 @@ static ACKNOWLEDGED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
             RECORD_SINCE,
+            POSITION_BEFORE,
             r"
 local since = record_since(KEYS[3], KEYS[4])
-if since ~= tonumber(ARGV[4]) then
+if since ~= tonumber(ARGV[3]) then
   return {0, 0, 1}
 end
 local now = now_ms()
-local lease = tonumber(ARGV[3])
+local lease = tonumber(ARGV[2])
 local behind, wait = 0, 0
 if now < since + lease then
   behind, wait = 1, since + lease - now
 end
-local millis, sequence = tonumber(ARGV[1]), tonumber(ARGV[2])
 local members = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
 for i = 1, #members, 2 do
   local applied = redis.call('HGET', KEYS[2], members[i])
-  local done = false
-  if applied then
-    local dash = string.find(applied, '-', 1, true)
-    local m, s = tonumber(string.sub(applied, 1, dash - 1)), tonumber(string.sub(applied, dash + 1))
-    done = m > millis or (m == millis and s >= sequence)
-  end
-  if not done then
+  if not applied or position_before(applied, ARGV[1]) then
     behind = behind + 1
     wait = math.max(wait, tonumber(members[i + 1]) - now)
   end
@@ -492,8 +487,7 @@ impl FleetSync {
                 .key(&keys.applied)
                 .key(&keys.since)
                 .key(&keys.record)
-                .arg(entry.millis())
-                .arg(entry.sequence())
+                .arg(entry)
                 .arg(self.inner.settings.lease.as_millis() as u64)
                 .arg(since)
                 .invoke_async(&mut connection)

@@ -37,6 +37,17 @@ impl StreamPosition {
     }
 }
 
+/// A Lua function for the fleet's scripts: whether stream id `a` comes
+/// before `b` (both `milliseconds-sequence`), as [`StreamPosition`]s order.
+pub(super) const POSITION_BEFORE: &str = r"
+local function position_before(a, b)
+  local a_millis, a_sequence = string.match(a, '^(%d+)-(%d+)$')
+  local b_millis, b_sequence = string.match(b, '^(%d+)-(%d+)$')
+  a_millis, b_millis = tonumber(a_millis), tonumber(b_millis)
+  return a_millis < b_millis or (a_millis == b_millis and tonumber(a_sequence) < tonumber(b_sequence))
+end
+";
+
 impl fmt::Display for StreamPosition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}-{}", self.millis, self.sequence)

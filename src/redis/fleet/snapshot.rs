@@ -28,6 +28,7 @@ use redis::Script;
 use tracing::Instrument;
 
 use super::membership::RECORD_SINCE;
+use super::position::POSITION_BEFORE;
 use super::{FleetSync, StreamPosition};
 use crate::error::FleetError;
 use crate::guard::snapshot::LiveSnapshot;
@@ -99,20 +100,27 @@ const MANIFEST_REFUSED: &str = "BLOOMGUARD_MANIFEST_REFUSED";
 
 /// Points the manifest (`KEYS[1]`) at a new snapshot (`ARGV[1]`), returning
 /// the one before, when the fleet's record is the one the snapshot's
-/// position was read under (`ARGV[2]`, its `since`); an error otherwise
-/// ([`MANIFEST_REFUSED`]): in a Redis that lost its data since, that
-/// position is in a stream that is gone, and a member adopting it would
-/// skip the new stream's entries.
+/// position (`ARGV[4]`) was read under (`ARGV[2]`, its `since`), and the
+/// stream still holds every entry after that position (none up to it was
+/// trimmed, `KEYS[5]`); an error otherwise ([`MANIFEST_REFUSED`]). In a Redis
+/// that lost its data since, the position is in a stream that is gone, and
+/// a member adopting it would skip the new stream's entries; past a trim,
+/// no member can use the snapshot, and it would replace one they can.
 static SET_MANIFEST: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
             RECORD_SINCE,
+            POSITION_BEFORE,
             r"
 if record_since(KEYS[2], KEYS[4]) ~= tonumber(ARGV[2]) then
   return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED the fleet record changed since the snapshot was taken')
 end
 if ARGV[3] == '1' and tonumber(redis.call('GET', KEYS[3])) == tonumber(ARGV[2]) then
   return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED this member holds no keys from before Redis lost its data')
+end
+local trimmed = redis.call('GET', KEYS[5])
+if trimmed and position_before(ARGV[4], trimmed) then
+  return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED the stream was trimmed past the snapshot meanwhile')
 end
 return redis.call('SET', KEYS[1], ARGV[1], 'GET')
 ",
@@ -129,7 +137,9 @@ impl FleetSync {
     /// # Errors
     /// [`FleetError::Warming`] before the guard has a filter;
     /// [`FleetError::Fenced`] while this member is not caught up (or not
-    /// joined): its set could lack acknowledged keys. Redis errors.
+    /// joined): its set could lack acknowledged keys;
+    /// [`FleetError::SnapshotRefused`] when it was out of date by the time
+    /// it was written. Redis errors.
     pub async fn publish_snapshot(&self) -> Result<StreamPosition, FleetError> {
         self.publish(Notice::Snapshot)
             .instrument(self.span("publish_snapshot"))
@@ -185,19 +195,21 @@ impl FleetSync {
             .key(&keys.since)
             .key(&keys.snapshot_needed)
             .key(&keys.record)
+            .key(&keys.trimmed)
             .arg(format!(
                 "{position} {version} {count} {} {since}",
                 u8::from(fresh)
             ))
             .arg(since)
             .arg(u8::from(fresh))
+            .arg(position)
             .invoke_async(&mut connection)
             .await
         {
             Ok(previous) => previous,
             Err(error) => {
                 // Refused (a Redis that lost its data since the position was
-                // read): the chunks are nobody's. Any other error may have
+                // read, or a stream trimmed past it): the chunks are nobody's. Any other error may have
                 // come after the script ran, and the manifest may point at them.
                 if error.to_string().contains(MANIFEST_REFUSED) {
                     let mut delete = redis::cmd("DEL");
@@ -205,6 +217,7 @@ impl FleetSync {
                         delete.arg(keys.chunk(since, version, i));
                     }
                     let _: Result<i64, _> = delete.query_async(&mut connection).await;
+                    return Err(FleetError::SnapshotRefused);
                 }
                 return Err(error.into());
             }
@@ -369,7 +382,8 @@ impl FleetSync {
                 continue;
             }
             match self.publish_snapshot().await {
-                Ok(_) | Err(FleetError::Fenced | FleetError::Warming) => {}
+                Ok(_)
+                | Err(FleetError::Fenced | FleetError::Warming | FleetError::SnapshotRefused) => {}
                 Err(error) => tracing::warn!(%error, "fleet snapshot not published"),
             }
         }

@@ -674,7 +674,12 @@ impl Guard {
     pub(crate) fn close_pending_write(&self, hash: u64, timed: bool) {
         match self.inner.insert_clock.get() {
             Some(clock) if timed => clock.close_pending(hash),
-            _ => {
+            clock => {
+                // A read that began while the write was open may have missed
+                // it: its answer must not be cached once the count is zero.
+                if let Some(clock) = clock {
+                    clock.stamp(hash);
+                }
                 self.inner.untimed_writes.fetch_sub(1, Ordering::SeqCst);
             }
         }

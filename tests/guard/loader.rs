@@ -460,6 +460,56 @@ async fn a_cached_absent_never_hides_a_write_still_pending() {
     drop(early);
 }
 
+/// A write begun before the cache existed is timed by nothing, and its
+/// close recorded no insert: a backend read that began while it was open,
+/// before it landed, and answered after it closed was cached, and hid the
+/// stored key from then on.
+#[tokio::test(start_paused = true)]
+async fn a_write_begun_before_the_cache_is_not_hidden_after_it_closes() {
+    let guard = guard_settling();
+    let store: Store = Arc::default();
+    let early = guard.begin_write("early:1");
+    // Reads the store when asked, answers when let through.
+    let open = Arc::new(Semaphore::new(0));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let loader = GuardedLoader::new(guard.clone(), {
+        let (store, open, calls) = (Arc::clone(&store), Arc::clone(&open), Arc::clone(&calls));
+        move |key: String| {
+            let found = store.lock().unwrap().contains(&key);
+            calls.fetch_add(1, Ordering::SeqCst);
+            let open = Arc::clone(&open);
+            async move {
+                open.acquire().await.unwrap().forget();
+                Ok::<_, std::io::Error>(found.then_some(()))
+            }
+        }
+    })
+    .confirmed_absent_cache(100, Duration::from_secs(60))
+    .unwrap();
+    tokio::time::advance(3 * SETTLE).await; // the write takes its time
+    let read = tokio::spawn({
+        let loader = loader.clone();
+        async move { loader.get("early:1").await }
+    });
+    wait_until("the read to ask the store", || {
+        calls.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    store.lock().unwrap().insert("early:1".into()); // it lands, and ends
+    drop(early);
+    open.add_permits(usize::MAX >> 4);
+    assert_eq!(
+        read.await.unwrap().unwrap(),
+        None,
+        "asked before the write landed"
+    );
+    assert_eq!(
+        loader.get("early:1").await.unwrap(),
+        Some(()),
+        "the answer read before the write landed hides it"
+    );
+}
+
 /// A filter merged into the guard brings keys the store holds without an
 /// insert of each: no answer cached before the merge may hide one of them.
 #[tokio::test(start_paused = true)]

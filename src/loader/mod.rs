@@ -42,6 +42,7 @@ use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -219,8 +220,35 @@ type InFlight<K, V, E> = DashMap<K, Arc<Flight<V, E>>>;
 /// One backend call that several callers wait for.
 struct Flight<V, E> {
     result: OnceLock<Loaded<V, E>>,
+    /// Set when the call ends, completed or cancelled, before `done` wakes
+    /// the waiters: one that listens only after that wake-up sees it.
+    ended: AtomicBool,
     done: Notify,
     started: Instant,
+}
+
+impl<V, E> Flight<V, E> {
+    fn new() -> Self {
+        Self {
+            result: OnceLock::new(),
+            ended: AtomicBool::new(false),
+            done: Notify::new(),
+            started: Instant::now(),
+        }
+    }
+
+    /// Waits for the call to end: its result, or `None` if the caller
+    /// running it was cancelled.
+    async fn ended(&self) -> Option<&Loaded<V, E>> {
+        let done = self.done.notified();
+        let mut done = std::pin::pin!(done);
+        // Registered before looking, so an end in between still wakes us.
+        done.as_mut().enable();
+        if !self.ended.load(Ordering::Acquire) {
+            done.await;
+        }
+        self.result.get()
+    }
 }
 
 impl<K, L> GuardedLoader<K, L>
@@ -621,23 +649,12 @@ where
             let flight = match in_flight.entry(key.clone()) {
                 Entry::Occupied(running) => Arc::clone(running.get()),
                 Entry::Vacant(vacant) => {
-                    let flight = Arc::new(Flight {
-                        result: OnceLock::new(),
-                        done: Notify::new(),
-                        started: Instant::now(),
-                    });
+                    let flight = Arc::new(Flight::new());
                     vacant.insert(Arc::clone(&flight));
                     return self.lead(key, flight).await;
                 }
             };
-            let done = flight.done.notified();
-            let mut done = std::pin::pin!(done);
-            // Registered before looking, so a result set in between still wakes us.
-            done.as_mut().enable();
-            if flight.result.get().is_none() {
-                done.await;
-            }
-            match flight.result.get() {
+            match flight.ended().await {
                 Some(result) if self.may_share(key, &flight, result, began) => {
                     return (result.clone(), flight.started);
                 }
@@ -705,6 +722,7 @@ impl<K: Hash + Eq, V, E> Drop for Leading<'_, K, V, E> {
             .remove_if(self.key, |_, running| Arc::ptr_eq(running, self.flight));
         // Waiters find the result, or none if the call was cancelled (and
         // one of them runs it again).
+        self.flight.ended.store(true, Ordering::Release);
         self.flight.done.notify_waiters();
     }
 }
@@ -729,5 +747,34 @@ impl<K: Hash + Eq, L: Loader<K>> fmt::Debug for GuardedLoader<K, L> {
             .field("confirmed_absent", &self.confirmed_absent)
             .field("in_flight", &self.inner.in_flight.len())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A waiter takes the running call's entry under the map's lock and
+    /// waits after releasing it; the caller running the call may be
+    /// cancelled in between. Its waiter must still learn that the call
+    /// ended (and run it again) rather than wait for a wake-up that came
+    /// before it listened.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_learns_of_a_call_cancelled_before_it_listened() {
+        let in_flight: InFlight<String, (), ()> = DashMap::new();
+        let key = "item:1".to_owned();
+        let flight = Arc::new(Flight::new());
+        in_flight.insert(key.clone(), Arc::clone(&flight));
+        let waiter_took = Arc::clone(in_flight.get(&key).unwrap().value());
+        drop(Leading {
+            in_flight: &in_flight,
+            key: &key,
+            flight: &flight,
+        });
+        let ended = tokio::time::timeout(Duration::from_secs(60), waiter_took.ended()).await;
+        assert!(
+            matches!(ended, Ok(None)),
+            "the waiter never learned that the call ended"
+        );
     }
 }

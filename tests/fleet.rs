@@ -1130,6 +1130,9 @@ async fn a_publish_straddling_a_loss_leaves_the_survivors_snapshot_whole() {
     } = behind_a_proxy("straddle", long_lease).await;
     let before = write_keys_from_before(&a).await;
     caught_up(&b).await;
+    // Once, so that Redis holds b's scripts: its next publish takes a
+    // version in one step.
+    b.fleet.publish_snapshot().await.unwrap();
     let mut connection = server.client().get_connection().unwrap();
     let version = "{straddle}:snapshot:version";
     let () = redis::cmd("SET")
@@ -1253,6 +1256,52 @@ async fn a_snapshot_the_stream_was_trimmed_past_does_not_replace_the_fleets() {
     assert!(
         matches!(outcome, Err(FleetError::SnapshotRefused)),
         "{outcome:?}"
+    );
+}
+
+/// A publish cleans up once it switched the manifest: it deletes the
+/// replaced snapshot's chunks and trims the stream to it. A failover in
+/// between, to a replica that never got the new manifest, left that
+/// clean-up to the new master, which still serves the replaced snapshot:
+/// its chunks were deleted under it, and no member could load it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_up_after_a_failover_spares_the_snapshot_the_new_master_serves() {
+    let BehindAProxy {
+        server,
+        proxy,
+        a,
+        b,
+    } = behind_a_proxy("cleanup", |builder| builder).await;
+    a.fleet.insert_then_write("first", async {}).await.unwrap();
+    caught_up(&b).await;
+    a.fleet.publish_snapshot().await.unwrap();
+    let mut connection = server.client().get_connection().unwrap();
+    let manifest: String = redis::cmd("GET")
+        .arg("{cleanup}:snapshot")
+        .query(&mut connection)
+        .unwrap();
+    let fields: Vec<&str> = manifest.split(' ').collect();
+    let first_chunk = format!("{{cleanup}}:snapshot:{}:{}:0", fields[4], fields[1]);
+    assert!(exists(&mut connection, &first_chunk), "{manifest}");
+    // b's publish switches the manifest; its clean-up waits.
+    proxy.stall_at(b"\r\nPUBLISH\r\n", StallAt::Before);
+    let late = tokio::spawn({
+        let fleet = b.fleet.clone();
+        async move { fleet.publish_snapshot().await }
+    });
+    wait_until("b to switch the manifest", || proxy.is_stalled()).await;
+    // The failover: a new master, holding a's manifest.
+    as_after_a_failover(&mut connection, "cleanup");
+    let () = redis::cmd("SET")
+        .arg("{cleanup}:snapshot")
+        .arg(&manifest)
+        .query(&mut connection)
+        .unwrap();
+    proxy.resume();
+    let outcome = late.await.unwrap();
+    assert!(
+        exists(&mut connection, &first_chunk),
+        "b's publish ({outcome:?}) deleted the chunks of the snapshot the fleet serves"
     );
 }
 

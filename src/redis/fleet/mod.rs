@@ -162,6 +162,7 @@ use super::Connection;
 use crate::guard::{Guard, MAX_DURATION, PendingWrite};
 use crate::task::StoppableTask;
 use membership::Renewal;
+use snapshot::SnapshotId;
 use stats::FleetCounters;
 
 /// One instance's membership of its fleet. Cheap to clone. See the
@@ -298,7 +299,8 @@ impl Keys {
     /// well as its version: a loss resets the version counter, and a
     /// publish that took its version before would otherwise write over the
     /// chunks of one published after.
-    fn chunk(&self, since: u64, version: u64, index: usize) -> String {
+    fn chunk(&self, snapshot: SnapshotId, index: usize) -> String {
+        let SnapshotId { since, version } = snapshot;
         format!("{}:{since}:{version}:{index}", self.manifest)
     }
 }
@@ -332,7 +334,7 @@ struct MemberState {
     recovering: bool,
     /// Another member published its rebuilt set (this snapshot version):
     /// replace ours with it.
-    rebuilt_elsewhere: Option<u64>,
+    rebuilt_elsewhere: Option<SnapshotId>,
     /// Bumped whenever this member gives its lease up.
     lease_epoch: u64,
     /// A renewal failed: it may have found the lease lapsed.
@@ -1167,6 +1169,28 @@ mod tests {
             trimmed: StreamPosition::START,
             lacks_what_preceded: false,
         }
+    }
+
+    /// A rebuilt notice from the record before names a version the counter
+    /// hands out again in this one: taken, it would count another member's
+    /// ordinary snapshot as a rebuild here, and put this member's own
+    /// rebuilds off.
+    #[test]
+    fn a_rebuilt_notice_from_another_record_is_not_taken() {
+        let member = member();
+        member.rebuilt_elsewhere(b"other 999 42");
+        assert!(member.state().rebuilt_elsewhere.is_none());
+        member.rebuilt_elsewhere(b"other 1 42");
+        assert_eq!(
+            member.state().rebuilt_elsewhere,
+            Some(SnapshotId {
+                since: 1,
+                version: 42
+            })
+        );
+        member.state().rebuilt_elsewhere = None;
+        member.rebuilt_elsewhere(format!("{} 1 43", member.inner.member).as_bytes());
+        assert!(member.state().rebuilt_elsewhere.is_none(), "not its own");
     }
 
     /// A record that began anew over a kept stream (a restart from a dump,

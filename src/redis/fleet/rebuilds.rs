@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::snapshot::Notice;
+use super::snapshot::{Notice, SnapshotId};
 use super::{FleetSync, Inner};
 use crate::error::FleetError;
 use crate::guard::RebuildTurns;
@@ -118,21 +118,30 @@ impl FleetSync {
     }
 
     /// Another member published its rebuilt set: `notice` is
-    /// "{member} {snapshot version}".
+    /// "{member} {since} {version}". Not taken when published under another
+    /// fleet record than this member's: the version counter restarts with a
+    /// record, and the snapshot of that version may be another by now.
     pub(super) fn rebuilt_elsewhere(&self, notice: &[u8]) {
         let notice = String::from_utf8_lossy(notice);
-        let Some((by, version)) = notice.rsplit_once(' ') else {
+        let Some((rest, version)) = notice.rsplit_once(' ') else {
             return;
         };
-        if let (true, Ok(version)) = (by != self.inner.member, version.parse()) {
-            self.state().rebuilt_elsewhere = Some(version);
+        let Some((by, since)) = rest.rsplit_once(' ') else {
+            return;
+        };
+        let (Ok(since), Ok(version)) = (since.parse(), version.parse()) else {
+            return;
+        };
+        let mut state = self.state();
+        if by != self.inner.member && state.fleet_since == Some(since) {
+            state.rebuilt_elsewhere = Some(SnapshotId { since, version });
         }
     }
 
     /// Replaces this member's set with the rebuilt one (the consumer does,
     /// between two reads). Kept as it is when the snapshot cannot be used.
-    pub(super) async fn replace_with_rebuilt(&self, version: u64) {
-        match self.load_covering_snapshot(Some(version)).await {
+    pub(super) async fn replace_with_rebuilt(&self, rebuilt: SnapshotId) {
+        match self.load_covering_snapshot(Some(rebuilt)).await {
             Ok(Some(_)) => self.refresh_fence(),
             Ok(None) => tracing::debug!("the rebuilt set's stream was trimmed; keeping ours"),
             Err(error) => tracing::warn!(%error, "rebuilt set not loaded; keeping ours"),

@@ -2,14 +2,15 @@
 //! loaded by members that join or recover.
 //!
 //! The encoded set goes into chunks of at most `snapshot_chunk_bytes` under
-//! the fleet's record and a new version number
+//! the fleet's record and a version number the record hands out once
 //! (`{name}:snapshot:{since}:{version}:{i}`); then the manifest
-//! `{name}:snapshot` ("position version chunks fresh since") is switched to it in
-//! one `SET` (refused when the fleet's record in Redis is no longer the one
-//! the position was read under), so a reader sees the old snapshot or the
-//! new one, never a mix; then
-//! the old version's chunks are deleted and the stream is trimmed to the old
-//! snapshot's position (whoever is still loading it can replay from there).
+//! `{name}:snapshot` ("position version chunks fresh since") is switched to
+//! it in one step, so a reader sees the old snapshot or the new one, never a
+//! mix. The switch is refused when the fleet's record in Redis is no longer
+//! the one the position was read under, or the stream was trimmed past the
+//! position meanwhile. Then, still under that record, the old snapshot's
+//! chunks are deleted and the stream is trimmed to the older of the two
+//! positions (whoever is still loading the old one can replay from there).
 //!
 //! After Redis lost its data, the keys acknowledged before are in the sets
 //! of the members that lived through it, and nowhere else in the fleet:
@@ -36,34 +37,46 @@ use crate::guard::snapshot::LiveSnapshot;
 /// Reads of a snapshot that publishers keep replacing, before giving up.
 const SNAPSHOT_READ_ATTEMPTS: u32 = 3;
 
+/// Names one published snapshot: the fleet's record it was published
+/// under and its version. The version counter restarts when Redis loses its
+/// data, so a version alone can name two snapshots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SnapshotId {
+    /// The fleet's record (`{name}:since`) it was published under.
+    pub(super) since: u64,
+    pub(super) version: u64,
+}
+
 /// What `{name}:snapshot` holds: where the snapshot's chunks are, and the
 /// stream position it covers.
 struct Manifest {
     position: StreamPosition,
-    version: u64,
+    id: SnapshotId,
     chunks: usize,
     /// Its publisher's set holds keys from the start of the fleet's record
     /// in Redis only (see [`MemberState::fresh_in`](super::MemberState)).
     fresh: bool,
-    /// The fleet's record it was published under.
-    since: u64,
 }
 
 impl Manifest {
     fn parse(text: &str) -> Option<Self> {
         let mut fields = text.split(' ');
+        let position = fields.next()?.parse().ok()?;
+        let version = fields.next()?.parse().ok()?;
+        let chunks = fields.next()?.parse().ok()?;
+        // Without these (written before they were), it is taken for one
+        // that holds nothing from before its record.
+        let fresh = match fields.next() {
+            Some("0") => false,
+            Some("1") | None => true,
+            Some(_) => return None,
+        };
+        let since = fields.next().map_or(Some(0), |since| since.parse().ok())?;
         let manifest = Self {
-            position: fields.next()?.parse().ok()?,
-            version: fields.next()?.parse().ok()?,
-            chunks: fields.next()?.parse().ok()?,
-            // Without these (written before they were), it is taken for
-            // one that holds nothing from before its record.
-            fresh: match fields.next() {
-                Some("0") => false,
-                Some("1") | None => true,
-                Some(_) => return None,
-            },
-            since: fields.next().map_or(Some(0), |since| since.parse().ok())?,
+            position,
+            id: SnapshotId { since, version },
+            chunks,
+            fresh,
         };
         fields.next().is_none().then_some(manifest)
     }
@@ -74,7 +87,7 @@ impl Manifest {
     /// (a restart from an older dump keeps the snapshot, not the entries
     /// after it).
     fn holds_what_preceded(&self, record: Option<u64>) -> bool {
-        !self.fresh && Some(self.since) == record
+        !self.fresh && Some(self.id.since) == record
     }
 }
 
@@ -95,8 +108,17 @@ enum Read {
     Snapshot(Manifest, LiveSnapshot),
 }
 
-/// The code of [`SET_MANIFEST`]'s refusal.
+/// The code of [`SET_MANIFEST`]'s and [`NEXT_VERSION`]'s refusals.
 const MANIFEST_REFUSED: &str = "BLOOMGUARD_MANIFEST_REFUSED";
+
+/// A refusal of a publish's script as [`FleetError::SnapshotRefused`].
+fn refusal(error: redis::RedisError) -> FleetError {
+    if error.to_string().contains(MANIFEST_REFUSED) {
+        FleetError::SnapshotRefused
+    } else {
+        error.into()
+    }
+}
 
 /// Points the manifest (`KEYS[1]`) at a new snapshot (`ARGV[1]`), returning
 /// the one before, when the fleet's record is the one the snapshot's
@@ -123,6 +145,56 @@ if trimmed and position_before(ARGV[4], trimmed) then
   return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED the stream was trimmed past the snapshot meanwhile')
 end
 return redis.call('SET', KEYS[1], ARGV[1], 'GET')
+",
+        ]
+        .concat(),
+    )
+});
+
+/// Hands out the next snapshot version (`KEYS[3]`) under the fleet's
+/// record the snapshot's position was read under (`ARGV[1]`); refuses
+/// ([`MANIFEST_REFUSED`]) under another. So no record hands a version out
+/// twice, and no two publishes write the same chunks, even across a restart
+/// from an older dump (which begins another record).
+static NEXT_VERSION: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        &[
+            RECORD_SINCE,
+            r"
+if record_since(KEYS[1], KEYS[2]) ~= tonumber(ARGV[1]) then
+  return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED the fleet record changed since the snapshot was taken')
+end
+return redis.call('INCR', KEYS[3])
+",
+        ]
+        .concat(),
+    )
+});
+
+/// Retires the snapshot a new manifest replaced: deletes its chunks
+/// (`KEYS[5..]`) and trims the stream (`KEYS[3]`) to before `ARGV[2]`, the
+/// older of the two snapshots' positions (a member still loading the
+/// replaced one replays from there), recording the newest entry it removed
+/// in `KEYS[4]` (as `APPEND` does). Only under the fleet's record the new
+/// manifest was set under (`ARGV[1]`): after a failover, the new master may
+/// still serve the replaced snapshot, and the stream after it. Nothing is
+/// before `0-0` (a snapshot taken of an empty stream), and Redis refuses
+/// the range `(0-0`.
+static RETIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        &[
+            RECORD_SINCE,
+            r"
+if record_since(KEYS[1], KEYS[2]) ~= tonumber(ARGV[1]) then return 0 end
+if #KEYS > 4 then redis.call('DEL', unpack(KEYS, 5)) end
+if ARGV[2] ~= '0-0' then
+  local newest = redis.call('XREVRANGE', KEYS[3], '(' .. ARGV[2], '-', 'COUNT', 1)
+  if newest[1] then
+    redis.call('SET', KEYS[4], newest[1][1])
+    redis.call('XTRIM', KEYS[3], 'MINID', ARGV[2])
+  end
+end
+return 1
 ",
         ]
         .concat(),
@@ -177,15 +249,20 @@ impl FleetSync {
         }
         let keys = &self.inner.keys;
         let mut connection = self.inner.connection.get().await?;
-        let version: u64 = redis::cmd("INCR")
-            .arg(&keys.snapshot_version)
-            .query_async(&mut connection)
-            .await?;
+        let version: u64 = NEXT_VERSION
+            .key(&keys.since)
+            .key(&keys.record)
+            .key(&keys.snapshot_version)
+            .arg(since)
+            .invoke_async(&mut connection)
+            .await
+            .map_err(refusal)?;
+        let id = SnapshotId { since, version };
         let chunks = encoded.chunks(self.inner.settings.chunk_bytes);
         let count = chunks.len();
         for (i, chunk) in chunks.enumerate() {
             let () = redis::cmd("SET")
-                .arg(keys.chunk(since, version, i))
+                .arg(keys.chunk(id, i))
                 .arg(chunk)
                 .query_async(&mut connection)
                 .await?;
@@ -205,26 +282,24 @@ impl FleetSync {
             .arg(position)
             .invoke_async(&mut connection)
             .await
+            .map_err(refusal)
         {
             Ok(previous) => previous,
-            Err(error) => {
-                // Refused (a Redis that lost its data since the position was
-                // read, or a stream trimmed past it): the chunks are nobody's. Any other error may have
-                // come after the script ran, and the manifest may point at them.
-                if error.to_string().contains(MANIFEST_REFUSED) {
-                    let mut delete = redis::cmd("DEL");
-                    for i in 0..count {
-                        delete.arg(keys.chunk(since, version, i));
-                    }
-                    let _: Result<i64, _> = delete.query_async(&mut connection).await;
-                    return Err(FleetError::SnapshotRefused);
+            Err(FleetError::SnapshotRefused) => {
+                // The chunks are nobody's. (Any other error may have come
+                // after the script ran, and the manifest may point at them.)
+                let mut delete = redis::cmd("DEL");
+                for i in 0..count {
+                    delete.arg(keys.chunk(id, i));
                 }
-                return Err(error.into());
+                let _: Result<i64, _> = delete.query_async(&mut connection).await;
+                return Err(FleetError::SnapshotRefused);
             }
+            Err(error) => return Err(error),
         };
         let notice = match notice {
             Notice::Snapshot => "snapshot".to_owned(),
-            Notice::Rebuilt => format!("rebuilt {} {version}", self.inner.member),
+            Notice::Rebuilt => format!("rebuilt {} {since} {version}", self.inner.member),
         };
         let _: i64 = redis::cmd("PUBLISH")
             .arg(&keys.notices)
@@ -232,14 +307,25 @@ impl FleetSync {
             .query_async(&mut connection)
             .await?;
         if let Some(old) = previous.as_deref().and_then(Manifest::parse)
-            && (old.since, old.version) != (since, version)
+            && old.id != id
         {
-            let mut delete = redis::cmd("DEL");
+            let mut retire = RETIRE.prepare_invoke();
+            retire
+                .key(&keys.since)
+                .key(&keys.record)
+                .key(&keys.stream)
+                .key(&keys.trimmed)
+                .arg(since)
+                .arg(old.position.min(position));
             for i in 0..old.chunks {
-                delete.arg(keys.chunk(old.since, old.version, i));
+                retire.key(keys.chunk(old.id, i));
             }
-            let _: i64 = delete.query_async(&mut connection).await?;
-            self.trim_before(old.position.min(position)).await?;
+            let retired: u8 = retire.invoke_async(&mut connection).await?;
+            if retired == 0 {
+                tracing::debug!(
+                    "the fleet's record changed since the manifest was set: the replaced snapshot is kept"
+                );
+            }
         }
         Ok(position)
     }
@@ -248,8 +334,8 @@ impl FleetSync {
     /// its position: replaces the live set with it (fenced, until the stream
     /// after it is applied), ends warming, and moves this member's position
     /// to it. `Ok(None)` when there is no snapshot, or one that the stream
-    /// no longer continues. The snapshot of version `rebuilt` (another
-    /// member's rebuild) counts as this member's rebuild too.
+    /// no longer continues. The snapshot `rebuilt` (another member's
+    /// rebuild) counts as this member's rebuild too.
     ///
     /// # Errors
     /// A snapshot that does not decode, or whose filters have another seed,
@@ -257,7 +343,7 @@ impl FleetSync {
     /// the guard keeps what it has; [`FleetError::KeptChanging`].
     pub(super) async fn load_covering_snapshot(
         &self,
-        rebuilt: Option<u64>,
+        rebuilt: Option<SnapshotId>,
     ) -> Result<Option<StreamPosition>, FleetError> {
         // A publish that replaces the snapshot while we read it deletes the
         // chunks we are reading: read the new one then.
@@ -274,7 +360,7 @@ impl FleetSync {
                     let fresh_in = (!manifest.holds_what_preceded(read_under))
                         .then_some(read_under)
                         .flatten();
-                    let rebuilt = rebuilt == Some(manifest.version);
+                    let rebuilt = rebuilt == Some(manifest.id);
                     let adopted =
                         self.adopt_snapshot(read_under, position, fresh_in, set, rebuilt)?;
                     if adopted {
@@ -352,7 +438,7 @@ impl FleetSync {
         let mut encoded = Vec::new();
         for i in 0..manifest.chunks {
             let chunk: Option<Vec<u8>> = redis::cmd("GET")
-                .arg(keys.chunk(manifest.since, manifest.version, i))
+                .arg(keys.chunk(manifest.id, i))
                 .query_async(&mut connection)
                 .await?;
             match chunk {

@@ -93,23 +93,6 @@ fn decode_keys(mut encoded: &[u8]) -> Option<Vec<&[u8]>> {
     encoded.is_empty().then_some(keys)
 }
 
-/// Removes the entries before `ARGV[1]`, recording the newest it removed
-/// in `KEYS[2]` (as `APPEND` does). Nothing is before `0-0` (a snapshot
-/// taken of an empty stream), and Redis refuses the range `(0-0`.
-static TRIM_BEFORE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if ARGV[1] == '0-0' then return 0 end
-local newest = redis.call('XREVRANGE', KEYS[1], '(' .. ARGV[1], '-', 'COUNT', 1)
-if newest[1] then
-  redis.call('SET', KEYS[2], newest[1][1])
-  redis.call('XTRIM', KEYS[1], 'MINID', ARGV[1])
-end
-return 0
-",
-    )
-});
-
 /// Reads the entries after `ARGV[1]` (up to `ARGV[2]`) together with the
 /// newest entry ever trimmed, in one step: `{last, trimmed, entries}`.
 static READ_AFTER: LazyLock<Script> = LazyLock::new(|| {
@@ -181,19 +164,6 @@ impl FleetSync {
         self.replicated(&mut connection).await?;
         Ok(Appended { entry, since })
     }
-
-    /// Removes the stream's entries before `position`.
-    pub(super) async fn trim_before(&self, position: StreamPosition) -> Result<(), FleetError> {
-        let mut connection = self.inner.connection.get().await?;
-        let _: i64 = TRIM_BEFORE
-            .key(&self.inner.keys.stream)
-            .key(&self.inner.keys.trimmed)
-            .arg(position)
-            .invoke_async(&mut connection)
-            .await?;
-        Ok(())
-    }
-
     /// The newest entry ever trimmed from the stream (`START`: none).
     pub(super) async fn trimmed_to(&self) -> Result<StreamPosition, FleetError> {
         let mut connection = self.inner.connection.get().await?;
@@ -236,8 +206,8 @@ impl FleetSync {
                 continue;
             }
             let rebuilt = self.state().rebuilt_elsewhere.take();
-            if let Some(version) = rebuilt {
-                self.replace_with_rebuilt(version).await;
+            if let Some(rebuilt) = rebuilt {
+                self.replace_with_rebuilt(rebuilt).await;
             }
             let Some(connection) = reader.as_mut() else {
                 match self.connect_reader().await {

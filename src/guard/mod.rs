@@ -568,11 +568,15 @@ impl Guard {
                     .counters
                     .add(Counter::RedundantInserts as usize, 1);
             }
-            if matches!(self.inner.lifecycle, Lifecycle::Grow { .. })
-                && !newest.grows_no_further.load(Ordering::Relaxed)
-                && newest.is_full_sampled(hash)
-            {
-                self.grow(newest);
+            match self.inner.lifecycle {
+                Lifecycle::Grow { .. }
+                    if !newest.grows_no_further.load(Ordering::Relaxed)
+                        && newest.is_full_sampled(hash) =>
+                {
+                    self.grow(newest);
+                }
+                Lifecycle::Rotate { .. } => self.follow_rotations(newest, hash),
+                _ => {}
             }
         }
         if let Some(shadow) = &live.shadow {
@@ -580,6 +584,27 @@ impl Guard {
         }
         self.stamp_insert(hash);
         self.inner.counters.add(Counter::Inserts as usize, 1);
+    }
+
+    /// Writes the key into the newest generation again wherever a rotation
+    /// replaced the one it was written to (`wrote_to`, from the set the
+    /// insert loaded) meanwhile. The next rotation but one drops that
+    /// generation: an insert stalled across both would otherwise return with
+    /// its key in no filter the guard reads. Written into the newest one
+    /// found, the key stays for the window the lifecycle promises, counted
+    /// from this insert's return.
+    fn follow_rotations(&self, wrote_to: &Arc<Generation>, hash: u64) {
+        let mut followed: Option<Arc<Generation>> = None;
+        loop {
+            let live = self.inner.live.load();
+            match live.newest() {
+                Some(newest) if !Arc::ptr_eq(newest, followed.as_ref().unwrap_or(wrote_to)) => {
+                    newest.filter.insert_hashed(hash);
+                    followed = Some(Arc::clone(newest));
+                }
+                _ => return,
+            }
+        }
     }
 
     /// Reports what the backend answered for a key after `MaybePresent`:
@@ -956,5 +981,30 @@ impl fmt::Debug for Guard {
             .field("swaps", &live.number)
             .field("rebuilding", &live.shadow.is_some())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(test, not(bloomguard_loom)))]
+mod tests {
+    use super::*;
+
+    /// An insert loads the live set, then writes into its newest generation.
+    /// Stalled in between across two rotations, it wrote into a generation
+    /// both had dropped, and returned with its key in no filter the guard
+    /// reads: `Absent` at once, where a key stays for a window.
+    #[test]
+    fn an_insert_stalled_across_two_rotations_still_lands_in_the_window() {
+        let guard = Guard::builder()
+            .expected_items(1_000)
+            .lifecycle(Lifecycle::rotate(2, Duration::from_secs(3600)))
+            .build()
+            .unwrap();
+        let hash = guard.hash(b"stalled");
+        let loaded = guard.inner.live.load();
+        guard.rotate().unwrap();
+        guard.rotate().unwrap();
+        guard.insert_into(&loaded, hash);
+        drop(loaded);
+        assert_eq!(guard.check("stalled"), Verdict::MaybePresent);
     }
 }

@@ -245,8 +245,14 @@ impl Registry {
         record
     }
 
-    /// Gives `record` back for another thread to claim (its sections are closed).
-    pub(crate) fn release(record: &Record) {
+    /// Gives `record` back for another thread to claim.
+    ///
+    /// # Safety
+    /// `record` is claimed, no section of it is open, and none is opened
+    /// through this claim again. Another thread may claim it next; two
+    /// threads opening sections of one record would both write its
+    /// sequence, and a reclaimer could then free a value one still reads.
+    pub(crate) unsafe fn release(record: &Record) {
         record.claimed.store(false, Ordering::Release);
     }
 
@@ -323,7 +329,10 @@ impl Drop for ThreadRecord {
         // Later calls on this thread (from other locals' destructors) must
         // not use a record another thread may claim next.
         CLAIMED.set(None);
-        Registry::release(self.0);
+        // SAFETY: this thread claimed the record (`claim_for_this_thread`)
+        // and, its locals torn down, opens no section of it again: later
+        // calls find `CLAIMED` empty and `RELEASE_AT_EXIT` gone.
+        unsafe { Registry::release(self.0) };
     }
 }
 
@@ -331,7 +340,7 @@ impl Drop for ThreadRecord {
 /// locals are being torn down (the caller then reads the slow way).
 #[cfg(not(bloomguard_loom))]
 #[inline]
-pub(crate) fn with_thread_record<R>(f: impl FnOnce(&'static Record) -> R) -> Option<R> {
+pub(crate) fn with_thread_record<R>(f: impl FnOnce(&Record) -> R) -> Option<R> {
     let record = match CLAIMED.get() {
         Some(record) => record,
         None => claim_for_this_thread()?,
@@ -381,7 +390,7 @@ pub(crate) fn registry() -> &'static Registry {
 
 #[cfg(bloomguard_loom)]
 #[inline]
-pub(crate) fn with_thread_record<R>(_: impl FnOnce(&'static Record) -> R) -> Option<R> {
+pub(crate) fn with_thread_record<R>(_: impl FnOnce(&Record) -> R) -> Option<R> {
     None
 }
 
@@ -632,7 +641,8 @@ mod loom_tests {
     fn read_in_one_section(registry: &Registry, published: &Published<Value>) -> u64 {
         let record = registry.claim();
         let seen = published.read(record, Value::get);
-        Registry::release(record);
+        // SAFETY: its sections have ended, and the claim is not used again.
+        unsafe { Registry::release(record) };
         seen
     }
 
@@ -717,7 +727,8 @@ mod loom_tests {
                 loom::thread::spawn(move || {
                     let record = registry.claim();
                     let seen = outer.read(record, |_| inner.read(record, Value::get));
-                    Registry::release(record);
+                    // SAFETY: its sections have ended, and the claim is not used again.
+                    unsafe { Registry::release(record) };
                     seen
                 })
             };
@@ -745,7 +756,8 @@ mod loom_tests {
                 loom::thread::spawn(move || {
                     let first = published.read(record, Value::get);
                     let second = published.read(record, Value::get);
-                    Registry::release(record);
+                    // SAFETY: its sections have ended, and the claim is not used again.
+                    unsafe { Registry::release(record) };
                     (first, second)
                 })
             };
@@ -765,7 +777,8 @@ mod loom_tests {
             start_on_membarrier();
             let (registry, published) = published_value();
             if with_one_to_reuse {
-                Registry::release(registry.claim());
+                // SAFETY: claimed only to be given back; no section opened.
+                unsafe { Registry::release(registry.claim()) };
             }
             let reader = {
                 let published = LoomArc::clone(&published);

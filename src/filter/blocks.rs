@@ -16,7 +16,7 @@ use std::ptr::NonNull;
 
 use super::Block;
 
-/// Blocks of a filter, owned either by a zeroed allocation of our own or by
+/// Blocks of a filter, owned either by a zeroed allocation of our own or as
 /// a `Box` (decoded snapshots, and loom models, whose atomics zeroed bytes
 /// do not make).
 pub(super) struct Blocks {
@@ -28,11 +28,12 @@ pub(super) struct Blocks {
 enum Owner {
     /// `calloc`-style memory: `base` as allocated, `start` rounded up inside it.
     #[cfg_attr(bloomguard_loom, allow(dead_code))]
-    Zeroed {
-        base: NonNull<u8>,
-        layout: Layout,
-    },
-    Boxed(#[allow(dead_code)] Box<[Block]>),
+    Zeroed { base: NonNull<u8>, layout: Layout },
+    /// A `Box<[Block]>` taken apart with `Box::into_raw`: a `Box` moved
+    /// after `start` was taken from it would claim its memory as unique
+    /// again, and `start` would no longer be valid for reads (Stacked
+    /// Borrows; Miri reports it).
+    Boxed(NonNull<[Block]>),
 }
 
 // SAFETY: `Blocks` owns its memory like a `Box<[Block]>` does, and `Block`
@@ -86,10 +87,9 @@ impl Blocks {
 
 impl From<Vec<Block>> for Blocks {
     fn from(blocks: Vec<Block>) -> Self {
-        let mut boxed = blocks.into_boxed_slice();
-        let start = NonNull::new(boxed.as_mut_ptr()).expect("a box is never null");
+        let boxed = NonNull::from(Box::leak(blocks.into_boxed_slice()));
         Self {
-            start,
+            start: boxed.cast::<Block>(),
             len: boxed.len(),
             owner: Owner::Boxed(boxed),
         }
@@ -109,10 +109,12 @@ impl Deref for Blocks {
 
 impl Drop for Blocks {
     fn drop(&mut self) {
-        if let Owner::Zeroed { base, layout } = self.owner {
+        match self.owner {
             // SAFETY: allocated in `zeroed` with this very layout, and freed
             // only here. `Block` has no drop glue to run first.
-            unsafe { dealloc(base.as_ptr(), layout) }
+            Owner::Zeroed { base, layout } => unsafe { dealloc(base.as_ptr(), layout) },
+            // SAFETY: leaked from a `Box` in `from`, and given back only here.
+            Owner::Boxed(boxed) => drop(unsafe { Box::from_raw(boxed.as_ptr()) }),
         }
     }
 }
@@ -120,5 +122,27 @@ impl Drop for Blocks {
 impl fmt::Debug for Blocks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Blocks").field("len", &self.len).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sync::Ordering;
+
+    /// Decoded filters own their blocks as a `Box` (`From<Vec>`), read
+    /// through the pointer taken from it. Run under Miri
+    /// (`cargo +nightly miri test --no-default-features --lib filter::blocks`)
+    /// to check that the pointer stays valid when the `Blocks` moves.
+    #[test]
+    fn blocks_made_from_a_vec_are_read_and_written_through_their_start() {
+        let blocks: Blocks = (0..4)
+            .map(|_| Block(std::array::from_fn(|_| crate::sync::AtomicU64::new(0))))
+            .collect::<Vec<_>>()
+            .into();
+        blocks[3].0[7].fetch_or(1 << 9, Ordering::Relaxed);
+        let moved = blocks;
+        assert_eq!(moved[3].0[7].load(Ordering::Relaxed), 1 << 9);
+        assert_eq!(moved.len(), 4);
     }
 }

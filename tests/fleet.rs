@@ -1283,8 +1283,9 @@ async fn a_clean_up_after_a_failover_spares_the_snapshot_the_new_master_serves()
     let fields: Vec<&str> = manifest.split(' ').collect();
     let first_chunk = format!("{{cleanup}}:snapshot:{}:{}:0", fields[4], fields[1]);
     assert!(exists(&mut connection, &first_chunk), "{manifest}");
-    // b's publish switches the manifest; its clean-up waits.
-    proxy.stall_at(b"\r\nPUBLISH\r\n", StallAt::Before);
+    // b's publish switches the manifest; its clean-up, which names a's
+    // chunks, waits.
+    proxy.stall_at(first_chunk.as_bytes(), StallAt::Before);
     let late = tokio::spawn({
         let fleet = b.fleet.clone();
         async move { fleet.publish_snapshot().await }

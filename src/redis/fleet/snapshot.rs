@@ -297,15 +297,8 @@ impl FleetSync {
             }
             Err(error) => return Err(error),
         };
-        let notice = match notice {
-            Notice::Snapshot => "snapshot".to_owned(),
-            Notice::Rebuilt => format!("rebuilt {} {since} {version}", self.inner.member),
-        };
-        let _: i64 = redis::cmd("PUBLISH")
-            .arg(&keys.notices)
-            .arg(notice)
-            .query_async(&mut connection)
-            .await?;
+        // Retired before the notice, so that a failed notice leaves behind
+        // no chunks that no manifest names.
         if let Some(old) = previous.as_deref().and_then(Manifest::parse)
             && old.id != id
         {
@@ -327,6 +320,15 @@ impl FleetSync {
                 );
             }
         }
+        let notice = match notice {
+            Notice::Snapshot => "snapshot".to_owned(),
+            Notice::Rebuilt => format!("rebuilt {} {since} {version}", self.inner.member),
+        };
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(&keys.notices)
+            .arg(notice)
+            .query_async(&mut connection)
+            .await?;
         Ok(position)
     }
 

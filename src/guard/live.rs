@@ -80,8 +80,7 @@ impl LiveState {
     /// too. Callers hold the swap lock.
     fn publish(&self, next: LiveSet) {
         let next = Arc::new(next.answering_found());
-        self.checked.replace(Arc::clone(&next));
-        self.set.store(next);
+        self.checked.replace_then(next, |next| self.set.store(next));
         self.checked.reclaim(Some(sections::GRACE_WAIT));
     }
 

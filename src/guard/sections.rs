@@ -442,6 +442,17 @@ impl<T> Published<T> {
         owned.retired.push(replaced);
     }
 
+    /// Replaces the value for sections, then hands it to `publish_elsewhere`
+    /// (the cell inserts load it from). In that order: whatever loads the
+    /// new value there, and whatever happens after that, reads it in a
+    /// section too. Reversed, a key written only into the new value (a
+    /// generation a rotation opened) could be missed by a check that follows
+    /// its insert.
+    pub(crate) fn replace_then(&self, value: Arc<T>, publish_elsewhere: impl FnOnce(Arc<T>)) {
+        self.replace(Arc::clone(&value));
+        publish_elsewhere(value);
+    }
+
     /// Frees the replaced values no section can still read, waiting up to
     /// `wait` (`None`: as long as it takes) for the sections open now.
     pub(crate) fn reclaim(&self, wait: Option<Duration>) {
@@ -667,6 +678,47 @@ mod loom_tests {
             published.reclaim(None);
             let seen = reader.join().unwrap();
             assert!(seen == 1 || seen == 2, "read {seen}");
+        });
+    }
+
+    /// An insert loads the set from a cell of its own (`LiveState::set`, an
+    /// `ArcSwap`; here a number standing in for it) and may write its key
+    /// into the new set only. A check that follows such an insert must read
+    /// the new set in its section: `replace_then` publishes for sections
+    /// first.
+    #[test]
+    fn a_section_after_an_insert_that_loaded_the_new_value_reads_it() {
+        bounded().check(|| {
+            let (registry, published) = published_value();
+            let for_inserts = LoomArc::new(AtomicU64::new(1));
+            let inserted = LoomArc::new(AtomicBool::new(false));
+            let publisher = {
+                let (published, for_inserts) =
+                    (LoomArc::clone(&published), LoomArc::clone(&for_inserts));
+                loom::thread::spawn(move || {
+                    published.replace_then(Arc::new(Value::new(2)), |value| {
+                        for_inserts.store(value.get(), Ordering::Release);
+                    });
+                })
+            };
+            let inserter = {
+                let (for_inserts, inserted) =
+                    (LoomArc::clone(&for_inserts), LoomArc::clone(&inserted));
+                loom::thread::spawn(move || {
+                    if for_inserts.load(Ordering::Acquire) == 2 {
+                        inserted.store(true, Ordering::Release);
+                    }
+                })
+            };
+            if inserted.load(Ordering::Acquire) {
+                let record = registry.claim();
+                let seen = published.read(record, Value::get);
+                // SAFETY: its section has ended, and the claim is not used again.
+                unsafe { Registry::release(record) };
+                assert_eq!(seen, 2, "the check after the insert read the old set");
+            }
+            publisher.join().unwrap();
+            inserter.join().unwrap();
         });
     }
 

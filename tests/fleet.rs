@@ -1146,7 +1146,15 @@ async fn a_publish_straddling_a_loss_leaves_the_survivors_snapshot_whole() {
         let fleet = b.fleet.clone();
         async move { fleet.publish_snapshot().await }
     });
-    wait_until("b to take its version", || proxy.is_stalled()).await;
+    wait_until("b to take its version", || {
+        proxy.is_stalled()
+            && redis::cmd("GET")
+                .arg(version)
+                .query::<u64>(&mut connection)
+                .unwrap()
+                == 42
+    })
+    .await;
     // Redis loses its data, and a key is written on the new stream (as a
     // member appends it; a write through the fleet would wait out the new
     // record's first lease, and b's call would time out meanwhile). a, which
@@ -1256,6 +1264,82 @@ async fn a_snapshot_the_stream_was_trimmed_past_does_not_replace_the_fleets() {
     assert!(
         matches!(outcome, Err(FleetError::SnapshotRefused)),
         "{outcome:?}"
+    );
+}
+
+/// A publish trims the stream to the snapshot it replaced, once it switched
+/// the manifest. Another member's publish in between, from further behind,
+/// replaces the manifest with a snapshot before that trim: the trim then
+/// cut the stream past the snapshot that stands, and joining or recovering
+/// members found none the stream continues until the next publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_trim_stops_at_the_snapshot_that_stands() {
+    // z's and b's held calls time out after a lease.
+    let long_lease = |builder: FleetSyncBuilder| builder.lease(Duration::from_secs(8));
+    let BehindAProxy {
+        server,
+        proxy,
+        a,
+        b,
+    } = behind_a_proxy("late-trim", long_lease).await;
+    let z_proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let z = join_with(guard("z"), z_proxy.client(), "late-trim", long_lease).await;
+    for key in keys("early", 3) {
+        a.fleet.insert_then_write(&key, async {}).await.unwrap();
+    }
+    caught_up(&z).await;
+    let mut connection = server.client().get_connection().unwrap();
+    let mut append = |prefix: &str| {
+        let mut last = StreamPosition::START;
+        for key in keys(prefix, 2) {
+            last = member_entry("late-trim", &key)
+                .query(&mut connection)
+                .unwrap();
+        }
+        last
+    };
+    // z takes its position; its publish waits.
+    z_proxy.stall_at(b"snapshot:version", StallAt::Before);
+    let behind = tokio::spawn({
+        let fleet = z.fleet.clone();
+        async move { fleet.publish_snapshot().await }
+    });
+    wait_until("z to take its position", || z_proxy.is_stalled()).await;
+    // a publishes further on; b publishes further still, and its trim to
+    // a's snapshot waits.
+    let first = append("first");
+    wait_until("a to apply them", || a.fleet.stats().position == first).await;
+    a.fleet.publish_snapshot().await.unwrap();
+    let mut connection = server.client().get_connection().unwrap();
+    let manifest: String = redis::cmd("GET")
+        .arg("{late-trim}:snapshot")
+        .query(&mut connection)
+        .unwrap();
+    let fields: Vec<&str> = manifest.split(' ').collect();
+    let a_chunk = format!("{{late-trim}}:snapshot:{}:{}:0", fields[4], fields[1]);
+    let second = append("second");
+    wait_until("b to apply them", || b.fleet.stats().position == second).await;
+    proxy.stall_at(a_chunk.as_bytes(), StallAt::Before);
+    let ahead = tokio::spawn({
+        let fleet = b.fleet.clone();
+        async move { fleet.publish_snapshot().await }
+    });
+    wait_until("b to switch the manifest", || proxy.is_stalled()).await;
+    // z's snapshot replaces b's; then b trims.
+    z_proxy.resume();
+    let z_published = behind.await.unwrap().unwrap();
+    proxy.resume();
+    ahead.await.unwrap().unwrap();
+    let (manifest, trimmed): (String, Option<StreamPosition>) = redis::pipe()
+        .get("{late-trim}:snapshot")
+        .get("{late-trim}:inserts:trimmed")
+        .query(&mut connection)
+        .unwrap();
+    let standing: StreamPosition = manifest.split(' ').next().unwrap().parse().unwrap();
+    assert_eq!(standing, z_published, "z's snapshot stands");
+    assert!(
+        trimmed.is_none_or(|trimmed| trimmed <= standing),
+        "the stream was trimmed to {trimmed:?}, past the snapshot at {standing}"
     );
 }
 

@@ -29,7 +29,7 @@ enum Owner {
     /// `calloc`-style memory: `base` as allocated, `start` rounded up inside it.
     #[cfg_attr(bloomguard_loom, allow(dead_code))]
     Zeroed { base: NonNull<u8>, layout: Layout },
-    /// A `Box<[Block]>` taken apart with `Box::into_raw`: a `Box` moved
+    /// A `Box<[Block]>` taken apart with `Box::leak`: a `Box` moved
     /// after `start` was taken from it would claim its memory as unique
     /// again, and `start` would no longer be valid for reads (Stacked
     /// Borrows; Miri reports it).

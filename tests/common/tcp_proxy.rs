@@ -84,8 +84,11 @@ impl TcpProxy {
     }
 
     /// Stalls at the client's next command that holds `text`: `before` it
-    /// reaches the server, or right after (its reply is then held).
+    /// reaches the server, or right after (its reply is then held). The
+    /// stall begins as the command is forwarded: the server may not have
+    /// run it yet when [`is_stalled`](Self::is_stalled) says so.
     pub(crate) fn stall_at(&self, text: &[u8], at: StallAt) {
+        assert!(!text.is_empty(), "a stall at every command is `stall`");
         *self.armed.lock().unwrap() = Some(Armed {
             text: text.to_vec(),
             at,

@@ -332,8 +332,8 @@ struct MemberState {
     /// The stream was trimmed past this member: it needs a snapshot, or a
     /// rebuild of its own.
     recovering: bool,
-    /// Another member published its rebuilt set (this snapshot version):
-    /// replace ours with it.
+    /// Another member published its rebuilt set (this snapshot): replace
+    /// ours with it.
     rebuilt_elsewhere: Option<SnapshotId>,
     /// Bumped whenever this member gives its lease up.
     lease_epoch: u64,

@@ -123,7 +123,7 @@ fn refusal(error: redis::RedisError) -> FleetError {
 /// Points the manifest (`KEYS[1]`) at a new snapshot (`ARGV[1]`), returning
 /// the one before, when the fleet's record is the one the snapshot's
 /// position (`ARGV[4]`) was read under (`ARGV[2]`, its `since`), and the
-/// stream still holds every entry after that position (none up to it was
+/// stream still holds every entry after that position (none after it was
 /// trimmed, `KEYS[5]`); an error otherwise ([`MANIFEST_REFUSED`]). In a Redis
 /// that lost its data since, the position is in a stream that is gone, and
 /// a member adopting it would skip the new stream's entries; past a trim,
@@ -172,26 +172,36 @@ return redis.call('INCR', KEYS[3])
 });
 
 /// Retires the snapshot a new manifest replaced: deletes its chunks
-/// (`KEYS[5..]`) and trims the stream (`KEYS[3]`) to before `ARGV[2]`, the
+/// (`KEYS[6..]`) and trims the stream (`KEYS[3]`) to before `ARGV[2]`, the
 /// older of the two snapshots' positions (a member still loading the
 /// replaced one replays from there), recording the newest entry it removed
-/// in `KEYS[4]` (as `APPEND` does). Only under the fleet's record the new
+/// in `KEYS[4]` (as `APPEND` does). Never past the snapshot the manifest
+/// (`KEYS[5]`) names now: another publish, from a member further behind,
+/// may have replaced ours meanwhile. Only under the fleet's record the new
 /// manifest was set under (`ARGV[1]`): after a failover, the new master may
 /// still serve the replaced snapshot, and the stream after it. Nothing is
 /// before `0-0` (a snapshot taken of an empty stream), and Redis refuses
-/// the range `(0-0`.
+/// the range `(0-0`; `DEL` takes the chunks a thousand at a time (Lua's
+/// `unpack` has a limit).
 static RETIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
             RECORD_SINCE,
+            POSITION_BEFORE,
             r"
 if record_since(KEYS[1], KEYS[2]) ~= tonumber(ARGV[1]) then return 0 end
-if #KEYS > 4 then redis.call('DEL', unpack(KEYS, 5)) end
-if ARGV[2] ~= '0-0' then
-  local newest = redis.call('XREVRANGE', KEYS[3], '(' .. ARGV[2], '-', 'COUNT', 1)
+for first = 6, #KEYS, 1000 do
+  redis.call('DEL', unpack(KEYS, first, math.min(first + 999, #KEYS)))
+end
+local trim_to = ARGV[2]
+local standing = redis.call('GET', KEYS[5])
+local standing_at = standing and string.match(standing, '^(%d+%-%d+) ')
+if standing_at and position_before(standing_at, trim_to) then trim_to = standing_at end
+if trim_to ~= '0-0' then
+  local newest = redis.call('XREVRANGE', KEYS[3], '(' .. trim_to, '-', 'COUNT', 1)
   if newest[1] then
     redis.call('SET', KEYS[4], newest[1][1])
-    redis.call('XTRIM', KEYS[3], 'MINID', ARGV[2])
+    redis.call('XTRIM', KEYS[3], 'MINID', trim_to)
   end
 end
 return 1
@@ -298,28 +308,11 @@ impl FleetSync {
             Err(error) => return Err(error),
         };
         // Retired before the notice, so that a failed notice leaves behind
-        // no chunks that no manifest names.
-        if let Some(old) = previous.as_deref().and_then(Manifest::parse)
-            && old.id != id
-        {
-            let mut retire = RETIRE.prepare_invoke();
-            retire
-                .key(&keys.since)
-                .key(&keys.record)
-                .key(&keys.stream)
-                .key(&keys.trimmed)
-                .arg(since)
-                .arg(old.position.min(position));
-            for i in 0..old.chunks {
-                retire.key(keys.chunk(old.id, i));
-            }
-            let retired: u8 = retire.invoke_async(&mut connection).await?;
-            if retired == 0 {
-                tracing::debug!(
-                    "the fleet's record changed since the manifest was set: the replaced snapshot is kept"
-                );
-            }
-        }
+        // no chunks that no manifest names; noticed whether or not it was.
+        let retired = match previous.as_deref().and_then(Manifest::parse) {
+            Some(old) if old.id != id => self.retire(since, &old, position).await,
+            _ => Ok(()),
+        };
         let notice = match notice {
             Notice::Snapshot => "snapshot".to_owned(),
             Notice::Rebuilt => format!("rebuilt {} {since} {version}", self.inner.member),
@@ -329,7 +322,40 @@ impl FleetSync {
             .arg(notice)
             .query_async(&mut connection)
             .await?;
+        retired?;
         Ok(position)
+    }
+
+    /// Deletes the chunks of `old`, which the snapshot published at
+    /// `position` under the record `since` replaced, and trims the stream to
+    /// the older of the two ([`RETIRE`]).
+    async fn retire(
+        &self,
+        since: u64,
+        old: &Manifest,
+        position: StreamPosition,
+    ) -> Result<(), FleetError> {
+        let keys = &self.inner.keys;
+        let mut connection = self.inner.connection.get().await?;
+        let mut retire = RETIRE.prepare_invoke();
+        retire
+            .key(&keys.since)
+            .key(&keys.record)
+            .key(&keys.stream)
+            .key(&keys.trimmed)
+            .key(&keys.manifest)
+            .arg(since)
+            .arg(old.position.min(position));
+        for i in 0..old.chunks {
+            retire.key(keys.chunk(old.id, i));
+        }
+        let retired: u8 = retire.invoke_async(&mut connection).await?;
+        if retired == 0 {
+            tracing::debug!(
+                "the fleet's record changed since the manifest was set: the replaced snapshot is kept"
+            );
+        }
+        Ok(())
     }
 
     /// Loads the fleet's snapshot if the stream still holds everything after
@@ -470,8 +496,10 @@ impl FleetSync {
                 continue;
             }
             match self.publish_snapshot().await {
-                Ok(_)
-                | Err(FleetError::Fenced | FleetError::Warming | FleetError::SnapshotRefused) => {}
+                Ok(_) | Err(FleetError::Fenced | FleetError::Warming) => {}
+                Err(FleetError::SnapshotRefused) => {
+                    tracing::debug!("fleet snapshot out of date by the time it was written");
+                }
                 Err(error) => tracing::warn!(%error, "fleet snapshot not published"),
             }
         }

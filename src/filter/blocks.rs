@@ -125,7 +125,7 @@ impl fmt::Debug for Blocks {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(bloomguard_loom)))]
 mod tests {
     use super::*;
     use crate::sync::Ordering;

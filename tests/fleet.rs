@@ -190,6 +190,52 @@ fn member_entry(fleet: &str, key: &str) -> redis::Cmd {
     append
 }
 
+/// Appends `count` keys from `prefix` as [`member_entry`] does; returns the
+/// last entry's position.
+fn append_entries(
+    connection: &mut redis::Connection,
+    fleet: &str,
+    prefix: &str,
+    count: usize,
+) -> StreamPosition {
+    let mut last = StreamPosition::START;
+    for key in keys(prefix, count) {
+        last = member_entry(fleet, &key).query(connection).unwrap();
+    }
+    last
+}
+
+/// A lease long enough that a member's call held in a proxy (calls time
+/// out after a lease) outlasts what the test does meanwhile.
+fn long_lease(builder: FleetSyncBuilder) -> FleetSyncBuilder {
+    builder.lease(Duration::from_secs(8))
+}
+
+/// `member` publishing a snapshot, on a task of its own.
+fn spawn_publish(member: &Member) -> tokio::task::JoinHandle<Result<StreamPosition, FleetError>> {
+    let fleet = member.fleet.clone();
+    tokio::spawn(async move { fleet.publish_snapshot().await })
+}
+
+/// The fleet's manifest, "position version chunks fresh since".
+fn manifest(connection: &mut redis::Connection, fleet: &str) -> String {
+    redis::cmd("GET")
+        .arg(format!("{{{fleet}}}:snapshot"))
+        .query(connection)
+        .unwrap()
+}
+
+/// The stream position a manifest's snapshot covers.
+fn manifest_position(manifest: &str) -> StreamPosition {
+    manifest.split(' ').next().unwrap().parse().unwrap()
+}
+
+/// The key of the first chunk of the snapshot `manifest` names.
+fn first_chunk(fleet: &str, manifest: &str) -> String {
+    let fields: Vec<&str> = manifest.split(' ').collect();
+    format!("{{{fleet}}}:snapshot:{}:{}:0", fields[4], fields[1])
+}
+
 /// Waits until the member is caught up (not fenced).
 async fn caught_up(member: &Member) {
     wait_until("the member to catch up", || !member.guard().is_fenced()).await;
@@ -1121,7 +1167,6 @@ async fn a_publish_straddling_a_loss_leaves_the_survivors_snapshot_whole() {
     // b's calls time out after a lease. a learns of the loss at a renewal
     // and publishes by the next few (a quarter lease apart): half of b's
     // wait here, measured at the default lease.
-    let long_lease = |builder: FleetSyncBuilder| builder.lease(Duration::from_secs(8));
     let BehindAProxy {
         server,
         proxy,
@@ -1142,10 +1187,7 @@ async fn a_publish_straddling_a_loss_leaves_the_survivors_snapshot_whole() {
         .unwrap();
     // b takes version 42; its chunks wait.
     proxy.stall_at(b"snapshot:version", StallAt::After);
-    let late = tokio::spawn({
-        let fleet = b.fleet.clone();
-        async move { fleet.publish_snapshot().await }
-    });
+    let late = spawn_publish(&b);
     wait_until("b to take its version", || {
         proxy.is_stalled()
             && redis::cmd("GET")
@@ -1175,10 +1217,7 @@ async fn a_publish_straddling_a_loss_leaves_the_survivors_snapshot_whole() {
         snapshot_covers_the_record(&mut connection, "straddle")
     })
     .await;
-    let manifest: String = redis::cmd("GET")
-        .arg("{straddle}:snapshot")
-        .query(&mut connection)
-        .unwrap();
+    let manifest = manifest(&mut connection, "straddle");
     assert_eq!(manifest.split(' ').nth(1), Some("42"), "{manifest}");
     // b writes its chunks, its manifest is refused, and its clean-up waits.
     proxy.stall_at(b"\r\nDEL\r\n", StallAt::Before);
@@ -1218,8 +1257,6 @@ async fn a_publish_straddling_a_loss_leaves_the_survivors_snapshot_whole() {
 /// until the next publish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_the_stream_was_trimmed_past_does_not_replace_the_fleets() {
-    // b's held call times out after a lease.
-    let long_lease = |builder: FleetSyncBuilder| builder.lease(Duration::from_secs(8));
     let BehindAProxy {
         server,
         proxy,
@@ -1229,20 +1266,12 @@ async fn a_snapshot_the_stream_was_trimmed_past_does_not_replace_the_fleets() {
     a.fleet.insert_then_write("first", async {}).await.unwrap();
     caught_up(&b).await;
     proxy.stall_at(b"snapshot:version", StallAt::Before);
-    let late = tokio::spawn({
-        let fleet = b.fleet.clone();
-        async move { fleet.publish_snapshot().await }
-    });
+    let late = spawn_publish(&b);
     wait_until("b to take its position", || proxy.is_stalled()).await;
     // Entries b has not read; a publishes past them twice, and the second
     // publish trims the stream to the first's position.
     let mut connection = server.client().get_connection().unwrap();
-    let mut last = StreamPosition::START;
-    for key in keys("later", 3) {
-        last = member_entry("trimmed-past", &key)
-            .query(&mut connection)
-            .unwrap();
-    }
+    let last = append_entries(&mut connection, "trimmed-past", "later", 3);
     wait_until("a to apply them", || a.fleet.stats().position == last).await;
     a.fleet.publish_snapshot().await.unwrap();
     a.fleet.publish_snapshot().await.unwrap();
@@ -1252,11 +1281,7 @@ async fn a_snapshot_the_stream_was_trimmed_past_does_not_replace_the_fleets() {
         .unwrap();
     proxy.resume();
     let outcome = late.await.unwrap();
-    let manifest: String = redis::cmd("GET")
-        .arg("{trimmed-past}:snapshot")
-        .query(&mut connection)
-        .unwrap();
-    let position: StreamPosition = manifest.split(' ').next().unwrap().parse().unwrap();
+    let position = manifest_position(&manifest(&mut connection, "trimmed-past"));
     assert!(
         position >= trimmed,
         "b published {outcome:?}: the fleet's snapshot is at {position}, the stream trimmed to {trimmed}"
@@ -1274,8 +1299,6 @@ async fn a_snapshot_the_stream_was_trimmed_past_does_not_replace_the_fleets() {
 /// members found none the stream continues until the next publish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_trim_stops_at_the_snapshot_that_stands() {
-    // z's and b's held calls time out after a lease.
-    let long_lease = |builder: FleetSyncBuilder| builder.lease(Duration::from_secs(8));
     let BehindAProxy {
         server,
         proxy,
@@ -1289,41 +1312,20 @@ async fn a_late_trim_stops_at_the_snapshot_that_stands() {
     }
     caught_up(&z).await;
     let mut connection = server.client().get_connection().unwrap();
-    let mut append = |prefix: &str| {
-        let mut last = StreamPosition::START;
-        for key in keys(prefix, 2) {
-            last = member_entry("late-trim", &key)
-                .query(&mut connection)
-                .unwrap();
-        }
-        last
-    };
     // z takes its position; its publish waits.
     z_proxy.stall_at(b"snapshot:version", StallAt::Before);
-    let behind = tokio::spawn({
-        let fleet = z.fleet.clone();
-        async move { fleet.publish_snapshot().await }
-    });
+    let behind = spawn_publish(&z);
     wait_until("z to take its position", || z_proxy.is_stalled()).await;
     // a publishes further on; b publishes further still, and its trim to
     // a's snapshot waits.
-    let first = append("first");
+    let first = append_entries(&mut connection, "late-trim", "first", 2);
     wait_until("a to apply them", || a.fleet.stats().position == first).await;
     a.fleet.publish_snapshot().await.unwrap();
-    let mut connection = server.client().get_connection().unwrap();
-    let manifest: String = redis::cmd("GET")
-        .arg("{late-trim}:snapshot")
-        .query(&mut connection)
-        .unwrap();
-    let fields: Vec<&str> = manifest.split(' ').collect();
-    let a_chunk = format!("{{late-trim}}:snapshot:{}:{}:0", fields[4], fields[1]);
-    let second = append("second");
+    let a_chunk = first_chunk("late-trim", &manifest(&mut connection, "late-trim"));
+    let second = append_entries(&mut connection, "late-trim", "second", 2);
     wait_until("b to apply them", || b.fleet.stats().position == second).await;
     proxy.stall_at(a_chunk.as_bytes(), StallAt::Before);
-    let ahead = tokio::spawn({
-        let fleet = b.fleet.clone();
-        async move { fleet.publish_snapshot().await }
-    });
+    let ahead = spawn_publish(&b);
     wait_until("b to switch the manifest", || proxy.is_stalled()).await;
     // z's snapshot replaces b's; then b trims.
     z_proxy.resume();
@@ -1335,7 +1337,7 @@ async fn a_late_trim_stops_at_the_snapshot_that_stands() {
         .get("{late-trim}:inserts:trimmed")
         .query(&mut connection)
         .unwrap();
-    let standing: StreamPosition = manifest.split(' ').next().unwrap().parse().unwrap();
+    let standing = manifest_position(&manifest);
     assert_eq!(standing, z_published, "z's snapshot stands");
     assert!(
         trimmed.is_none_or(|trimmed| trimmed <= standing),
@@ -1360,20 +1362,13 @@ async fn a_clean_up_after_a_failover_spares_the_snapshot_the_new_master_serves()
     caught_up(&b).await;
     a.fleet.publish_snapshot().await.unwrap();
     let mut connection = server.client().get_connection().unwrap();
-    let manifest: String = redis::cmd("GET")
-        .arg("{cleanup}:snapshot")
-        .query(&mut connection)
-        .unwrap();
-    let fields: Vec<&str> = manifest.split(' ').collect();
-    let first_chunk = format!("{{cleanup}}:snapshot:{}:{}:0", fields[4], fields[1]);
+    let manifest = manifest(&mut connection, "cleanup");
+    let first_chunk = first_chunk("cleanup", &manifest);
     assert!(exists(&mut connection, &first_chunk), "{manifest}");
     // b's publish switches the manifest; its clean-up, which names a's
     // chunks, waits.
     proxy.stall_at(first_chunk.as_bytes(), StallAt::Before);
-    let late = tokio::spawn({
-        let fleet = b.fleet.clone();
-        async move { fleet.publish_snapshot().await }
-    });
+    let late = spawn_publish(&b);
     wait_until("b to switch the manifest", || proxy.is_stalled()).await;
     // The failover: a new master, holding a's manifest.
     as_after_a_failover(&mut connection, "cleanup");

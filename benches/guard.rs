@@ -285,6 +285,24 @@ fn main() {
             |guard| *guard = Guard::builder().expected_items(n as u64).build().unwrap(),
             |guard, key| guard.insert(key),
         );
+        // A rotating guard's insert looks at its live set again after writing
+        // (an insert stalled across two rotations must still land in the window).
+        let rotating_guard = || {
+            Guard::builder()
+                .expected_items(n as u64)
+                .lifecycle(Lifecycle::rotate(3, Duration::from_secs(3600)))
+                .build()
+                .unwrap()
+        };
+        bench_inserts(
+            &mut group,
+            "insert/1T/guard-insert-3-generations".into(),
+            &present_slices,
+            1,
+            rotating_guard(),
+            |guard| *guard = rotating_guard(),
+            |guard, key| guard.insert(key),
+        );
         group.finish();
         let mix = KeySet::mixed(&present, &absent, PRESENT_PER_100, absent.len());
         bench_paths(&mut criterion, n, &mix.slices(), &present_slices, &guard);

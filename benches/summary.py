@@ -29,7 +29,8 @@ def estimates():
 
 
 # The raw-filter path each guard path is compared with (raw-contains otherwise).
-RAW_BASELINE = {"guard-check-many": "raw-contains-many", "guard-insert": "raw-insert"}
+RAW_BASELINE = {"guard-check-many": "raw-contains-many", "guard-insert": "raw-insert",
+                "guard-insert-3-generations": "raw-insert"}
 
 
 def guard_tables():

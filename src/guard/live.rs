@@ -69,6 +69,14 @@ impl LiveState {
         self.checked.read(record, f)
     }
 
+    /// Whether `set` (loaded and still held) is the set checks read now. A
+    /// replaced set is published for checks first, so `false` comes no
+    /// later than a load would see the replacement.
+    #[inline]
+    pub(crate) fn is_current(&self, set: &LiveSet) -> bool {
+        self.checked.is_current(set)
+    }
+
     /// Frees the replaced sets no check can still be reading, waiting up to
     /// `wait` for the checks running now.
     pub(crate) fn reclaim(&self, wait: Option<std::time::Duration>) {

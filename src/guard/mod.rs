@@ -575,7 +575,11 @@ impl Guard {
                 {
                     self.grow(newest);
                 }
-                Lifecycle::Rotate { .. } => self.follow_rotations(newest, hash),
+                // The set unchanged since the load: no rotation to follow
+                // (one pointer compare, not a second load of the set).
+                Lifecycle::Rotate { .. } if !self.inner.live.is_current(live) => {
+                    self.follow_rotations(newest, hash)
+                }
                 _ => {}
             }
         }

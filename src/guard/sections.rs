@@ -442,6 +442,14 @@ impl<T> Published<T> {
         owned.retired.push(replaced);
     }
 
+    /// Whether `value` is the one new sections read: a pointer compare,
+    /// nothing dereferenced. The caller holds `value`, so its address cannot
+    /// have been reused for a newer one.
+    #[inline]
+    pub(crate) fn is_current(&self, value: &T) -> bool {
+        std::ptr::eq(self.current.load(Ordering::Acquire), value)
+    }
+
     /// Replaces the value for sections, then hands it to `publish_elsewhere`
     /// (the cell inserts load it from). In that order: whatever loads the
     /// new value there, and whatever happens after that, reads it in a

@@ -47,7 +47,10 @@ pub struct KeyFn<F>(F);
 ///
 /// The closure answers for every request the layer wraps: return `None`
 /// for each one that is not a read of the item (other methods, other
-/// routes, deeper paths), or the guard answers 404 for them.
+/// routes, deeper paths), or the guard answers 404 for them. An
+/// [`InsertLayer`](crate::InsertLayer) needs a closure of its own, one that
+/// keys the writes: the one below answers `None` for them, and an insert
+/// layer given it would insert nothing.
 ///
 /// ```
 /// use std::borrow::Cow;
@@ -121,9 +124,12 @@ impl<F> fmt::Debug for KeyFn<F> {
 ///
 /// **Nests, rewrites, and the two sides.** A [`GuardLayer`] keys a request
 /// only where it is sure of the item: with the `axum` feature, where the
-/// route axum matched ends with the template (under any `nest`; a route of
-/// its own that ends so, `/users/{u}/items/{id}` under a layer keyed
-/// `/items/{id}`, counts too, as a nest's prefix would), where the path the
+/// route axum matched ends with the template and the route of the layer's
+/// own router is no longer than it (a `nest`'s prefix is not the layer's
+/// router's: a layer inside `nest("/api", …)` keyed `/items/{id}` guards
+/// `/api/items/{id}`; a longer route of its own, `/users/{u}/items/{id}`,
+/// is another route, whose handler may read another key, and one outside
+/// the nest needs the whole template, `/api/items/{id}`), where the path the
 /// layer sees still holds the id (a layer below a nest that stripped it,
 /// `nest("/users/{user}", …)`, keys nothing), and not where a middleware
 /// rewrote the end of the path since it came (it may name another item
@@ -401,7 +407,12 @@ impl<B> HttpKey<B> for PathKey {
                 // stripped the id and a rewrite may have changed it before)
                 // may name another item than the one the store has.
                 let (seen, original) = (request.uri().path(), original_path(request));
-                if !original.ends_with(seen)
+                // A segment the layer sees beyond the template's is the
+                // route's own (a nest's prefix is stripped before the layer):
+                // `/users/{user}/items/{id}` is another route than
+                // `/items/{id}`, and its handler may read another key.
+                if seen.matches('/').count() > self.segments.len()
+                    || !original.ends_with(seen)
                     || self
                         .raw_parameter_at_end(seen, Prefix::WherePresent)
                         .is_none()

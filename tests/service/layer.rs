@@ -281,6 +281,77 @@ async fn a_static_sibling_route_is_not_guarded_as_the_template() {
     );
 }
 
+/// A route of the layer's own router that only ends with the template
+/// (`/users/{user}/items/{id}` beside `/items/{id}`) is another route: its
+/// handler may read another key (`{user}:{id}`), which a guard built from
+/// the store holds while the bare id is absent. A nest's prefix is not in
+/// the path the layer sees; a route's own prefix is, and then the guard
+/// cannot know the key. The same for a layer outside a nest keyed with the
+/// nest's part of the route left out: it lets those requests through.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn a_longer_route_that_ends_with_the_template_is_not_guarded() {
+    use axum::Router;
+    use axum::body::Body;
+    use axum::extract::Path;
+    use axum::routing::get;
+
+    // The store holds `1` and `7:99`; the guard, built from it, the same.
+    let guard = guard_with(&["1", "7:99"]);
+    let stored = |key: String| async move {
+        if key == "1" || key == "7:99" {
+            StatusCode::OK
+        } else {
+            StatusCode::NOT_FOUND
+        }
+    };
+    let guarded = GuardLayer::for_http(
+        guard.clone(),
+        PathKey::route("/items/{id}").method(Method::GET),
+    );
+    let app = Router::new()
+        .route("/items/{id}", get(move |Path(id): Path<String>| stored(id)))
+        .route(
+            "/users/{user}/items/{id}",
+            get(move |Path((user, id)): Path<(String, String)>| stored(format!("{user}:{id}"))),
+        )
+        .layer(guarded.clone());
+    let outside = Router::new()
+        .nest(
+            "/api",
+            Router::new().route("/items/{id}", get(move |Path(id): Path<String>| stored(id))),
+        )
+        .layer(guarded);
+    let status = |app: &Router, path: &'static str| {
+        let app = app.clone();
+        async move {
+            let request = Request::get(path).body(Body::empty()).unwrap();
+            app.oneshot(request).await.unwrap().status()
+        }
+    };
+    assert_eq!(
+        status(&app, "/users/7/items/99").await,
+        StatusCode::OK,
+        "the user's item is stored under 7:99"
+    );
+    assert_eq!(guard.stats().checks.absent, 0);
+    assert_eq!(status(&app, "/items/2").await, StatusCode::NOT_FOUND);
+    assert_eq!(
+        guard.stats().checks.absent,
+        1,
+        "the template's own route is still guarded"
+    );
+    assert_eq!(
+        status(&outside, "/api/items/2").await,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        guard.stats().checks.absent,
+        1,
+        "outside the nest, /items/{{id}} does not name the route: not guarded"
+    );
+}
+
 /// The insert layer's key without a matched route or the original path (a
 /// layer inside a `nest` without the `axum` feature, or a plain tower
 /// stack): the template's end is enough, so a write under a nest whose

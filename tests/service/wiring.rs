@@ -83,7 +83,8 @@ fn normalized(mut request: Request<Body>) -> Request<Body> {
 }
 
 /// A layer inside a nest sees the path with the nest's prefix stripped, one
-/// outside it all of it, one wrapped around the whole app no matched route.
+/// outside it all of it (a guard there is keyed with the whole route), one
+/// wrapped around the whole app no matched route.
 #[tokio::test]
 async fn layers_at_different_nest_levels_key_the_same_id() {
     type App = BoxCloneSyncService<Request<Body>, Response, Infallible>;
@@ -102,7 +103,7 @@ async fn layers_at_different_nest_levels_key_the_same_id() {
             App::new(
                 Router::new()
                     .nest("/api", items)
-                    .layer(guard_layer(guard, "/items/{id}")),
+                    .layer(guard_layer(guard, "/api/items/{id}")),
             )
         }),
         ("the template across the nest's edge", |guard, store| {
@@ -110,13 +111,13 @@ async fn layers_at_different_nest_levels_key_the_same_id() {
             App::new(
                 Router::new()
                     .nest("/api/items", items)
-                    .layer(guard_layer(guard, "/items/{id}")),
+                    .layer(guard_layer(guard, "/api/items/{id}")),
             )
         }),
         ("insert around the app, guard inside", |guard, store| {
             let app = Router::new()
                 .nest("/api", items("/items/{id}", store))
-                .layer(guard_layer(guard, "/items/{id}"));
+                .layer(guard_layer(guard, "/api/items/{id}"));
             App::new(insert_layer(guard, "/items/{id}").layer(app))
         }),
     ];

@@ -333,7 +333,11 @@ impl Drop for Running {
 }
 
 impl Task {
-    async fn run(mut self, stop: CancellationToken, mut verifier: Option<Verifier>) {
+    async fn run(mut self, stop: CancellationToken, verifier: Option<Verifier>) {
+        let mut verifier = LentVerifier {
+            guard: Weak::clone(&self.guard),
+            verifier,
+        };
         loop {
             let Some(guard) = self.upgrade() else { break };
             let now = Instant::now();
@@ -403,24 +407,16 @@ impl Task {
                 () = stop.cancelled() => break,
                 () = tokio::time::sleep_until(wake_at) => None,
                 () = woken => None,
-                Some(key) = recv(&mut verifier) => Some(key),
+                Some(key) = recv(&mut verifier.verifier) => Some(key),
             };
             if let (Some(key), Some(check), Some(guard)) =
-                (key_to_verify, verifier.as_ref(), self.upgrade())
+                (key_to_verify, verifier.verifier.as_ref(), self.upgrade())
             {
                 tokio::select! {
                     () = stop.cancelled() => break,
                     () = guard.verify_absent(check, key) => {}
                 }
             }
-        }
-        // Hand the staleness queue back, for a task started later.
-        if let (Some(guard), Some(verifier)) = (self.upgrade(), verifier) {
-            *guard
-                .inner
-                .verifier
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(verifier);
         }
     }
 
@@ -452,6 +448,25 @@ impl Task {
                 self.retry_at = None;
             }
             Err(_) => self.retry_at = Some(Instant::now() + self.backoff.next_wait()),
+        }
+    }
+}
+
+/// The staleness check's queue, lent to one task: handed back to the guard
+/// for a task started later however this one ends (returned, panicked in a
+/// key source, aborted with its runtime).
+struct LentVerifier {
+    guard: Weak<Inner>,
+    verifier: Option<Verifier>,
+}
+
+impl Drop for LentVerifier {
+    fn drop(&mut self) {
+        if let (Some(inner), Some(verifier)) = (self.guard.upgrade(), self.verifier.take()) {
+            *inner
+                .verifier
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(verifier);
         }
     }
 }

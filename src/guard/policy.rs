@@ -238,6 +238,7 @@ impl RebuildPolicy {
     }
 
     /// A rebuild that takes longer fails (default [`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT)).
+    /// It counts the [write settle](Self::write_settle), which must be shorter.
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -255,6 +256,7 @@ impl RebuildPolicy {
     /// store by the time the source is read. Writes that may take longer
     /// should hold a [`PendingWrite`](crate::PendingWrite) instead
     /// ([`Guard::insert_then_write`](crate::Guard::insert_then_write)).
+    /// Shorter than the [timeout](Self::timeout), which counts it.
     #[must_use]
     pub fn write_settle(mut self, settle: Duration) -> Self {
         self.write_settle = settle;
@@ -304,6 +306,14 @@ impl RebuildPolicy {
             check_duration("every", period)?;
         }
         check_duration_or_zero("write_settle", self.write_settle)?;
+        // The timeout counts the settle: every attempt would time out.
+        if self.write_settle >= self.timeout {
+            return Err(ConfigError::out_of_range(
+                "write_settle",
+                format!("{:?}", self.write_settle),
+                "a duration shorter than the rebuild timeout",
+            ));
+        }
         let (first, max) = self.retry_backoff;
         check_duration("retry_backoff", first)?;
         check_duration("retry_backoff", max)?;

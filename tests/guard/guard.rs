@@ -751,6 +751,20 @@ fn bad_options_are_named_errors() {
         out_of_range(Guard::builder().lifecycle(Lifecycle::grow(0.5)).build()),
         "expansion"
     );
+    // A rebuild's timeout counts its write settle: every attempt would time
+    // out, and a guard with a source would stay warming for ever.
+    assert_eq!(
+        out_of_range(
+            Guard::builder()
+                .rebuild_policy(
+                    RebuildPolicy::default()
+                        .timeout(Duration::from_secs(1))
+                        .write_settle(Duration::from_secs(1))
+                )
+                .build()
+        ),
+        "write_settle"
+    );
     assert_eq!(
         out_of_range(
             Guard::builder()
@@ -1219,6 +1233,55 @@ async fn a_maintenance_task_that_dies_says_so() {
     assert!(!maintenance.panicked());
     maintenance.shutdown().await;
     assert!(!guard.stats().maintenance_running);
+}
+
+/// A source whose first scan panics; later ones list `keys`.
+struct PanicsOnce {
+    panicked: AtomicBool,
+    keys: Vec<Vec<u8>>,
+}
+
+impl KeySource for PanicsOnce {
+    fn scan(&self) -> KeyStream<'_> {
+        if !self.panicked.swap(true, Ordering::Relaxed) {
+            panic!("a bug in the key source, once");
+        }
+        Box::pin(futures_util::stream::iter([Ok(self.keys.clone())]))
+    }
+}
+
+/// The staleness check's queue belongs to the task running it: a task
+/// started after one that panicked must get it back, or absent answers are
+/// never verified again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_started_after_a_panic_still_checks_staleness() {
+    let guard = Guard::builder()
+        .expected_items(1_000)
+        .source(PanicsOnce {
+            panicked: AtomicBool::new(false),
+            keys: vec![b"listed".to_vec()],
+        })
+        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
+        .maintenance_interval(Duration::from_millis(20))
+        // The store holds every key: each absent answer is a stale one.
+        .staleness_check(1.0, |_| async { Ok(true) })
+        .build()
+        .unwrap();
+    let maintenance = guard.spawn_maintenance();
+    wait_until("the task to die", || maintenance.is_finished()).await;
+    assert!(maintenance.panicked());
+
+    let maintenance = guard.spawn_maintenance();
+    guard.ready().await;
+    assert_eq!(
+        guard.check("written behind the guard's back"),
+        Verdict::Absent
+    );
+    wait_until("the absent answer to be verified", || {
+        guard.stats().stale_negatives >= 1
+    })
+    .await;
+    maintenance.shutdown().await;
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use super::live::{Generation, LiveSet, LiveState};
 use super::policy::{Lifecycle, RebuildPolicy, check_duration};
 use super::source::{KeySource, SourceError};
-use super::staleness::StalenessCheck;
+use super::staleness::{StaleFindings, StalenessCheck};
 use super::stats::History;
 use super::{Guard, Inner};
 use crate::error::ConfigError;
@@ -201,7 +201,7 @@ impl GuardBuilder {
                 rebuild_lock: tokio::sync::Mutex::new(()),
                 counters: ThreadCounters::new(),
                 history: Mutex::new(History::default()),
-                stale: AtomicBool::new(false),
+                stale: StaleFindings::default(),
                 wake: Arc::new(Notify::new()),
                 left_warming: Notify::new(),
                 maintenance_tasks: Arc::new(AtomicUsize::new(0)),

@@ -148,7 +148,7 @@ impl Guard {
         if self.is_warming() {
             return Some("first build");
         }
-        if self.inner.stale.load(Ordering::Relaxed) {
+        if self.inner.stale.unrepaired() {
             return Some("stale filter");
         }
         let (last_success_at, last_counted, baseline) = {
@@ -216,7 +216,7 @@ impl Guard {
             // the write the store just showed is in the filter by now.
             Ok(Ok(true)) if self.peek(&key) == Verdict::Absent => {
                 self.inner.counters.add(Counter::StaleNegatives as usize, 1);
-                self.inner.stale.store(true, Ordering::Relaxed);
+                self.inner.stale.record();
                 // No key in the line: keys can be personal data.
                 tracing::warn!(
                     guard = %self.inner.name,
@@ -549,6 +549,48 @@ mod tests {
     /// once its period passed, the maintenance task rotated (a full-size
     /// filter made and dropped) and woke again at once, until the first
     /// build committed.
+    /// A rebuild repairs the stale answers found before it read its source,
+    /// not one found while it reads: the scan may have passed that key.
+    #[tokio::test]
+    async fn a_stale_answer_found_while_a_rebuild_reads_is_not_repaired_by_it() {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let source = crate::guard::source::GatedSource::new(vec![b"listed".to_vec()], &gate);
+        let scans = Arc::clone(&source.scans);
+        let guard = crate::Guard::builder()
+            .expected_items(1_000)
+            .seed(7)
+            .source(source)
+            .rebuild_policy(crate::RebuildPolicy::default().write_settle(Duration::ZERO))
+            // The store holds every key asked about.
+            .staleness_check(1.0, |_| async { Ok(true) })
+            .build()
+            .unwrap();
+        let verifier = guard.inner.verifier.lock().unwrap().take().unwrap();
+        gate.add_permits(1);
+        guard.rebuild().await.unwrap();
+
+        let rebuild = tokio::spawn({
+            let guard = guard.clone();
+            async move { guard.rebuild().await }
+        });
+        while scans.load(Ordering::Relaxed) < 2 {
+            tokio::task::yield_now().await;
+        }
+        // Written behind the guard's back after the scan listed the store.
+        let key = b"written while the rebuild reads".to_vec();
+        assert_eq!(guard.peek(&key), Verdict::Absent);
+        guard.verify_absent(&verifier, key).await;
+        assert_eq!(guard.rebuild_due(Instant::now()), Some("stale filter"));
+
+        gate.add_permits(1);
+        rebuild.await.unwrap().unwrap();
+        assert_eq!(
+            guard.rebuild_due(Instant::now()),
+            Some("stale filter"),
+            "the rebuild that committed never read the key"
+        );
+    }
+
     #[test]
     fn a_warming_guard_is_never_due_to_rotate() {
         let guard = crate::Guard::builder()

@@ -69,7 +69,7 @@ pub use policy::{Lifecycle, MAX_DURATION, RebuildPolicy};
 pub use reader::GuardReader;
 pub use rebuild::{RebuildError, RebuildOutcome, RebuildReport};
 pub use source::{KeySource, SourceError};
-use staleness::{StalenessSampler, Verifier};
+use staleness::{StaleFindings, StalenessSampler, Verifier};
 use stats::{Counter, History, VerdictTally};
 pub use stats::{GuardStats, RebuildCounts, VerdictCounts};
 use writes::HeldIn;
@@ -139,8 +139,8 @@ struct Inner {
     rebuild_lock: tokio::sync::Mutex<()>,
     counters: ThreadCounters<{ Counter::COUNT }>,
     history: Mutex<History>,
-    /// Set by the staleness check: the filter missed writes.
-    stale: AtomicBool,
+    /// What the staleness check found: the filter missed writes.
+    stale: StaleFindings,
     /// Wakes the maintenance task early. Shared with the task, which must
     /// not keep the guard alive.
     wake: Arc<Notify>,

@@ -124,9 +124,10 @@ impl Guard {
             let installed = Installed::new(self, Arc::clone(&shadow));
             self.wait_for_earlier_writes().await;
             tokio::time::sleep(self.inner.rebuild_policy.write_settle).await;
+            let stale_so_far = self.inner.stale.so_far();
             let keys = stream_into(&shadow.generation.filter, source).await?;
             if keys <= capacity || pass == MAX_PASSES {
-                installed.commit(keys)?;
+                installed.commit(keys, stale_so_far)?;
                 return Ok(Built {
                     keys,
                     passes: pass,
@@ -230,8 +231,9 @@ impl<'a> Installed<'a> {
     }
 
     /// Makes the shadow the only live filter, unless a merge it missed
-    /// would be lost by that (then it is abandoned).
-    fn commit(mut self, keys: u64) -> Result<(), RebuildError> {
+    /// would be lost by that (then it is abandoned); `stale_so_far`: the
+    /// staleness findings before the source was read, which it repairs.
+    fn commit(mut self, keys: u64, stale_so_far: u64) -> Result<(), RebuildError> {
         let inner = &self.guard.inner;
         // The store's keys come in through the scan, not one insert each.
         self.guard.stamp_every_key();
@@ -241,9 +243,7 @@ impl<'a> Installed<'a> {
         self.committed = true;
         let baseline = self.guard.baseline_now();
         self.guard.history().baseline = baseline;
-        inner
-            .stale
-            .store(false, std::sync::atomic::Ordering::Relaxed);
+        inner.stale.repaired(stale_so_far);
         tracing::info!(
             guard = %inner.name,
             keys,

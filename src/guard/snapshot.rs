@@ -127,7 +127,8 @@ impl Guard {
     ///
     /// A `rebuilt` snapshot (another guard's fresh rebuild) counts as this
     /// guard's rebuild: the drift and removals are measured from here, and
-    /// a scheduled rebuild is next due a period from now.
+    /// a scheduled rebuild is next due a period from now. It repairs none
+    /// of this guard's stale answers (see `StaleFindings`).
     pub(crate) fn replace_from_snapshot(
         &self,
         snapshot: LiveSnapshot,
@@ -162,9 +163,9 @@ impl Guard {
             let mut history = self.history();
             history.baseline = baseline;
             history.last_success_at = Some(now);
-            self.inner
-                .stale
-                .store(false, std::sync::atomic::Ordering::Relaxed);
+            // Stale answers this guard found stay unrepaired: the other
+            // guard's read of the source may have begun before they were
+            // found, and passed their keys. This guard rebuilds for them.
         }
         if covers_the_store {
             self.inner.left_warming.notify_waiters();
@@ -216,6 +217,7 @@ impl Guard {
 mod tests {
     use super::*;
     use crate::Lifecycle;
+    use crate::guard::source::GatedSource;
 
     #[test]
     fn a_rotating_set_round_trips_with_its_windows() {
@@ -266,24 +268,6 @@ mod tests {
         LiveSnapshot::from_bytes(&other.encode_live_set().unwrap()).unwrap()
     }
 
-    /// A source whose pass lists its keys at once (before the test writes
-    /// more) and yields them only once the gate opens: a slow scan that has
-    /// passed the keys written later.
-    struct GatedSource {
-        keys: Vec<Vec<u8>>,
-        gate: Arc<tokio::sync::Semaphore>,
-    }
-
-    impl crate::KeySource for GatedSource {
-        fn scan(&self) -> crate::guard::source::KeyStream<'_> {
-            let (keys, gate) = (self.keys.clone(), Arc::clone(&self.gate));
-            Box::pin(futures_util::stream::once(async move {
-                gate.acquire().await.expect("never closed").forget();
-                Ok(keys)
-            }))
-        }
-    }
-
     /// A member that adopts the fleet's snapshot while its own first build
     /// is scanning: the key another instance wrote after the scan passed it
     /// is in the snapshot only, and must stay after that build commits.
@@ -293,10 +277,10 @@ mod tests {
         let member = Guard::builder()
             .expected_items(1_000)
             .seed(3)
-            .source(GatedSource {
-                keys: vec![b"in the store before".to_vec()],
-                gate: Arc::clone(&gate),
-            })
+            .source(GatedSource::new(
+                vec![b"in the store before".to_vec()],
+                &gate,
+            ))
             .rebuild_policy(crate::RebuildPolicy::default().write_settle(Duration::ZERO))
             .build()
             .unwrap();

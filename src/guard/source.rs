@@ -98,3 +98,37 @@ where
         Box::pin(stream::iter(keys).chunks(ITERATOR_BATCH).map(Ok))
     }
 }
+
+/// A source whose pass lists its keys at once (before a test writes more)
+/// and yields them only once the gate opens: a slow scan that has passed
+/// the keys written later. It counts the passes that began.
+#[cfg(test)]
+pub(crate) struct GatedSource {
+    keys: Vec<Vec<u8>>,
+    gate: std::sync::Arc<tokio::sync::Semaphore>,
+    pub(crate) scans: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[cfg(test)]
+impl GatedSource {
+    pub(crate) fn new(keys: Vec<Vec<u8>>, gate: &std::sync::Arc<tokio::sync::Semaphore>) -> Self {
+        Self {
+            keys,
+            gate: std::sync::Arc::clone(gate),
+            scans: std::sync::Arc::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+impl KeySource for GatedSource {
+    fn scan(&self) -> KeyStream<'_> {
+        self.scans
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (keys, gate) = (self.keys.clone(), std::sync::Arc::clone(&self.gate));
+        Box::pin(stream::once(async move {
+            gate.acquire().await.expect("never closed").forget();
+            Ok(keys)
+        }))
+    }
+}

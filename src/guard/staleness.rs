@@ -5,6 +5,7 @@ use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::mpsc;
 
@@ -16,6 +17,37 @@ const QUEUE_CAPACITY: usize = 1024;
 
 type ExistsFuture = Pin<Box<dyn Future<Output = Result<bool, SourceError>> + Send>>;
 type ExistsFn = Arc<dyn Fn(Vec<u8>) -> ExistsFuture + Send + Sync>;
+
+/// Stale answers the check found, and how many of them a rebuild has
+/// repaired. A rebuild repairs only those found before it read its source:
+/// its scan may have passed the key of one found while it read.
+#[derive(Debug, Default)]
+pub(crate) struct StaleFindings {
+    found: AtomicU64,
+    repaired: AtomicU64,
+}
+
+impl StaleFindings {
+    pub(crate) fn record(&self) {
+        self.found.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether a finding waits for a rebuild.
+    pub(crate) fn unrepaired(&self) -> bool {
+        self.found.load(Ordering::Relaxed) > self.repaired.load(Ordering::Relaxed)
+    }
+
+    /// The findings so far, taken before reading the source: their keys
+    /// were in the store when found, so the read sees them.
+    pub(crate) fn so_far(&self) -> u64 {
+        self.found.load(Ordering::Relaxed)
+    }
+
+    /// Marks the findings up to `so_far` (taken before the read) repaired.
+    pub(crate) fn repaired(&self, so_far: u64) {
+        self.repaired.fetch_max(so_far, Ordering::Relaxed);
+    }
+}
 
 /// The staleness check as configured on the builder.
 pub(crate) struct StalenessCheck {

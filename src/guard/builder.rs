@@ -1,7 +1,7 @@
 //! [`GuardBuilder`]: a guard's options, checked when it is built.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -211,7 +211,7 @@ impl GuardBuilder {
                 verifier: Mutex::new(verifier),
                 rebuild_turns: Mutex::new(None),
                 #[cfg(feature = "redis")]
-                in_fleet: AtomicBool::new(false),
+                in_fleet: std::sync::atomic::AtomicBool::new(false),
                 insert_clock: OnceLock::new(),
                 untimed_writes: AtomicUsize::new(0),
             }),

@@ -48,7 +48,7 @@ mod writes;
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -164,7 +164,7 @@ struct Inner {
     rebuild_turns: Mutex<Option<Arc<dyn maintenance::RebuildTurns>>>,
     /// Whether a fleet member follows the fleet for this guard (one at a time).
     #[cfg(feature = "redis")]
-    in_fleet: AtomicBool,
+    in_fleet: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for Inner {

@@ -351,6 +351,28 @@ async fn ids_that_need_encoding_survive_writes_and_rebuilds_on_redis() {
 
 /// The same source and loader over a real Redis Cluster (3 masters, 3
 /// replicas) that each test starts.
+/// A replica serves what its master sent it, asynchronously: a write the
+/// master took may be missing from the replica's `SCAN` for longer than any
+/// write settle, and a guard rebuilt from it answers `Absent` for it. A
+/// pass on a replica fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_on_a_replica_fails() {
+    let master = RedisServer::start();
+    master.populate(0..100);
+    let port = master.port.to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let guard = guard_over(
+        &replica,
+        RebuildPolicy::default().write_settle(Duration::ZERO),
+    );
+    let error = guard
+        .rebuild()
+        .await
+        .expect_err("a pass on a replica fails");
+    assert!(error.to_string().contains("replica"), "{error}");
+    assert!(guard.is_warming());
+}
+
 mod cluster {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
@@ -438,6 +460,26 @@ mod cluster {
             .map(|key| (key != "missing").then(|| format!("value {key}")))
             .collect();
         assert_eq!(values, expected);
+    }
+
+    /// A plain source on one node of a cluster scans that node's slots only,
+    /// and its cursor ends as if it read them all: a guard built from it
+    /// would answer `Absent` for every key the other masters hold.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plain_source_on_one_cluster_node_fails() {
+        let cluster = RedisCluster::start();
+        populate(&cluster).await;
+        let one_node = redis::Client::open(cluster.urls()[0].as_str()).unwrap();
+        let guard = guard_from(RedisSource::new(one_node, "item:*").strip_prefix("item:"));
+        let error = guard
+            .rebuild()
+            .await
+            .expect_err("one node of a cluster is not the whole store");
+        assert!(
+            error.to_string().contains("RedisSource::cluster"),
+            "{error}"
+        );
+        assert!(guard.is_warming());
     }
 
     /// A slot migrating between two masters while a pass runs: `MIGRATE`

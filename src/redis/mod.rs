@@ -187,8 +187,12 @@ impl Connection {
 /// Every key matching a pattern, streamed with `SCAN … MATCH … COUNT`: a
 /// rebuild over ten million keys holds one page of keys at a time. A pass
 /// across a restart of Redis fails (its `INFO` run id changed: the cursor
-/// meant nothing to the new process); where `INFO` is denied, that goes
-/// unnoticed. The user needs `SCAN` (and `CLUSTER NODES` on a cluster).
+/// meant nothing to the new process). So does a pass on a replica, which
+/// may lack writes its master took for longer than any write settle, and
+/// one on a single node of a Redis Cluster reached as a plain Redis (its
+/// `SCAN` lists that node's slots only: use [`RedisSource::cluster`]).
+/// Where `INFO` is denied, none of that is noticed. The user needs `SCAN`
+/// and `INFO` (and `CLUSTER NODES` on a cluster).
 ///
 /// ```no_run
 /// use bloomguard::{Guard, redis::RedisSource};
@@ -314,27 +318,45 @@ impl RedisSource {
     /// The process serving `node` now, by its run id: a restart (or a
     /// failover to a replica) gives another, under which a `SCAN` cursor of
     /// the old process means nothing, and the keys after it may be skipped.
+    /// A replica fails the pass: it may not hold a write its master took,
+    /// for longer than any write settle. So does one node of a cluster
+    /// reached as a plain Redis: its `SCAN` ends after its own slots.
     /// On a cluster, a master migrating or importing a slot fails the pass:
     /// keys `MIGRATE` moves leave the topology unchanged until the slot
     /// changes owner, and could move from a master not yet scanned to one
     /// already scanned.
     async fn serving_process(&self, node: Option<&MasterNode>) -> Result<String, RedisError> {
-        let mut info = redis::cmd("INFO");
-        info.arg("server");
+        // The default sections: `server` and `replication` among them (one
+        // `INFO` may name only one section before Redis 7).
+        let info = redis::cmd("INFO");
         // Where INFO is denied (an ACL) or has no run id (a proxy), a restart
-        // goes unnoticed here; the next SCAN on a plain node's connection
-        // fails on its own.
-        let run_id = match self.query_on::<String>(node, &info).await {
-            Ok(info) => info
-                .lines()
-                .find_map(|line| line.strip_prefix("run_id:"))
-                .map(|id| id.trim().to_owned())
-                .unwrap_or_default(),
+        // goes unnoticed here, and so does a replica or a cluster node; the
+        // next SCAN on a plain node's connection fails on its own.
+        let info = match self.query_on::<String>(node, &info).await {
+            Ok(info) => info,
             Err(error) => {
-                tracing::debug!(%error, "INFO server refused: a restart during the pass goes unnoticed");
+                tracing::debug!(%error, "INFO refused: a restart during the pass goes unnoticed");
                 String::new()
             }
         };
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        if field("role") == Some("slave") {
+            return Err(RedisError::from(std::io::Error::other(
+                "the source reads a replica, which may lack writes its master took: \
+                 point the RedisSource at the master",
+            )));
+        }
+        if node.is_none() && field("redis_mode") == Some("cluster") {
+            return Err(RedisError::from(std::io::Error::other(
+                "the source reaches one node of a Redis Cluster, whose SCAN lists that \
+                 node's slots only: use RedisSource::cluster",
+            )));
+        }
+        let run_id = field("run_id").unwrap_or_default().to_owned();
         if node.is_some() {
             let mut nodes = redis::cmd("CLUSTER");
             nodes.arg("NODES");

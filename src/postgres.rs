@@ -45,7 +45,9 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 /// page in memory. The key column must be `text` or `varchar` (or a domain
 /// over one) under a deterministic collation: a pass over keys that compare
 /// equal by case or accent, or over `citext` or `char(n)`, fails. It should
-/// be indexed (a primary key is). PostgreSQL 12 or later.
+/// be indexed (a primary key is). A pass on a standby fails too: it may lack
+/// writes its primary took, for longer than any write settle. PostgreSQL 12
+/// or later.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -68,7 +70,7 @@ pub struct PgSource {
     /// `SELECT key … WHERE key > $1 ORDER BY key LIMIT $2`.
     next_page: String,
     /// The keys' type (a domain's base type) and whether their collation is
-    /// deterministic (`NULL`s: no rows).
+    /// deterministic (`NULL`s: no rows), and whether the server is a standby.
     key_check: String,
     page: i64,
     map_key: Option<KeyMap>,
@@ -111,7 +113,8 @@ impl PgSource {
                  (SELECT bool_and(c.collisdeterministic) \
                   FROM one, pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace \
                   WHERE pg_collation_for(one.key) COLLATE \"C\" IN \
-                  (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname)))"
+                  (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname))), \
+                 pg_is_in_recovery()"
             ),
             page: Self::DEFAULT_PAGE,
             map_key: None,
@@ -150,13 +153,21 @@ impl PgSource {
     /// with a text parameter as text, so under "C" the page after `'a'`
     /// skips `'B'`; `char(n)` pads its keys. (The store's `= $1` would also
     /// find `'A'` for `'a'`, which the guard, holding bytes, answers absent.)
+    /// Fails on a standby too: it replays its primary's writes
+    /// asynchronously, and may lack one for longer than any write settle.
     /// One short statement a pass.
-    async fn refuse_loosely_compared_keys(&self) -> Result<(), SourceError> {
-        let (key_type, deterministic): (Option<String>, Option<bool>) =
+    async fn refuse_unsound_passes(&self) -> Result<(), SourceError> {
+        let (key_type, deterministic, standby): (Option<String>, Option<bool>, bool) =
             sqlx::query_as(&self.key_check)
                 .fetch_one(&self.pool)
                 .await
                 .map_err(SourceError::new)?;
+        if standby {
+            return Err(SourceError::new(
+                "the source reads a standby, which may lack writes its primary took: \
+                 give the PgSource a pool on the primary",
+            ));
+        }
         if let Some(key_type) = key_type
             && !matches!(key_type.as_str(), "text" | "character varying")
         {
@@ -186,7 +197,7 @@ impl KeySource for PgSource {
                 return Ok::<_, SourceError>(None); // past the last page
             };
             if after.is_none() {
-                self.refuse_loosely_compared_keys().await?;
+                self.refuse_unsound_passes().await?;
             }
             let keys = self
                 .page_after(after.as_deref())

@@ -133,6 +133,40 @@ async fn a_database_restarted_mid_rebuild_fails_the_pass_and_the_retry_succeeds(
     assert_eq!(guard.check("9999"), Verdict::MaybePresent);
 }
 
+/// A hot standby replays its primary's writes asynchronously, and may be
+/// behind by more than any write settle (here: its replay paused). A guard
+/// rebuilt from it would answer `Absent` for a row the primary holds, so a
+/// pass on a standby fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_on_a_standby_fails() {
+    let primary = PostgresServer::start();
+    let primary_pool = primary.pool().await;
+    items(&primary_pool, 100).await;
+    let standby = PostgresServer::start_standby_of(&primary);
+    let standby_pool = standby.pool().await;
+    sqlx::query("SELECT pg_wal_replay_pause()")
+        .execute(&standby_pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO items VALUES ('written after the pause', 'new')")
+        .execute(&primary_pool)
+        .await
+        .unwrap();
+    let on_standby: i64 = sqlx::query_scalar("SELECT count(*) FROM items")
+        .fetch_one(&standby_pool)
+        .await
+        .unwrap();
+    assert_eq!(on_standby, 100, "the standby lacks the new row");
+
+    let guard = guard_from(PgSource::new(standby_pool, "items", "id"));
+    let error = guard
+        .rebuild()
+        .await
+        .expect_err("a pass on a standby fails");
+    assert!(error.to_string().contains("standby"), "{error}");
+    assert!(guard.is_warming());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_loader_reads_one_key_and_batches_in_one_query() {
     let server = PostgresServer::start();

@@ -5,6 +5,7 @@
 //! saying what to install: a test that skipped would still be reported as
 //! passed.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -21,6 +22,31 @@ impl PostgresServer {
     /// # Panics
     /// When PostgreSQL's programs are missing or the server does not start.
     pub(crate) fn start() -> Self {
+        let mut server = Self::unstarted();
+        run(as_postgres(&server.bin.join("initdb"))
+            .args(["--auth=trust", "--username=postgres", "--no-sync", "-D"])
+            .arg(&server.data));
+        server.start_again();
+        server
+    }
+
+    /// A hot standby of `primary`, streaming from it (`pg_basebackup -R`).
+    pub(crate) fn start_standby_of(primary: &PostgresServer) -> Self {
+        let mut server = Self::unstarted();
+        // The server refuses a data directory others can read (initdb sets
+        // this itself; pg_basebackup into an existing directory does not).
+        std::fs::set_permissions(&server.data, std::fs::Permissions::from_mode(0o700)).unwrap();
+        run(as_postgres(&server.bin.join("pg_basebackup"))
+            .args(["-h", "127.0.0.1", "-U", "postgres", "--no-sync", "-R", "-p"])
+            .arg(primary.port.to_string())
+            .arg("-D")
+            .arg(&server.data));
+        server.start_again();
+        server
+    }
+
+    /// A free port and an empty data directory the server's user owns.
+    fn unstarted() -> Self {
         let bin = find_bin().unwrap_or_else(|| {
             panic!(
                 "this test needs PostgreSQL's initdb and pg_ctl (apt-get install -y postgresql): \
@@ -34,17 +60,12 @@ impl PostgresServer {
         if is_root() {
             run(Command::new("chown").arg("postgres:").arg(&data));
         }
-        run(as_postgres(&bin.join("initdb"))
-            .args(["--auth=trust", "--username=postgres", "--no-sync", "-D"])
-            .arg(&data));
-        let mut server = Self {
+        Self {
             port,
             data,
             bin,
             running: false,
-        };
-        server.start_again();
-        server
+        }
     }
 
     /// Starts the stopped server again, on the same port.
@@ -96,7 +117,9 @@ impl Drop for PostgresServer {
     }
 }
 
-/// The directory holding `initdb` and `pg_ctl`: the `PATH`, or Debian's.
+/// The directory holding `initdb` and `pg_ctl`: the `PATH`, or Debian's;
+/// where `pg_ctl` on the `PATH` links into the installation, its directory
+/// (which has `pg_basebackup` too).
 fn find_bin() -> Option<PathBuf> {
     let on_path = std::env::var_os("PATH")
         .into_iter()
@@ -106,9 +129,13 @@ fn find_bin() -> Option<PathBuf> {
         .flatten()
         .flatten()
         .map(|version| version.path().join("bin"));
-    on_path
+    let dir = on_path
         .chain(debian)
-        .find(|dir| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file())
+        .find(|dir| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file())?;
+    let installed = std::fs::canonicalize(dir.join("pg_ctl"))
+        .ok()
+        .and_then(|pg_ctl| Some(pg_ctl.parent()?.to_owned()));
+    Some(installed.unwrap_or(dir))
 }
 
 fn is_root() -> bool {

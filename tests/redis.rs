@@ -482,6 +482,20 @@ mod cluster {
         assert!(guard.is_warming());
     }
 
+    /// Nodes that announce a hostname (as on Kubernetes): the client names
+    /// its connections by what `CLUSTER SLOTS` says (`localhost`), not by
+    /// the IP `CLUSTER NODES` lists first, and a pass must reach every
+    /// master by that name.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cluster_that_announces_hostnames_is_scanned_whole() {
+        let cluster = RedisCluster::start_announcing_hostnames();
+        populate(&cluster).await;
+        let source = RedisSource::cluster(cluster.client(), "item:*").strip_prefix("item:");
+        let guard = guard_from(source);
+        let report = guard.rebuild().await.unwrap();
+        assert_eq!(report.keys, KEYS, "every master's keys, once");
+    }
+
     /// A slot migrating between two masters while a pass runs: `MIGRATE`
     /// can move keys from a master not yet scanned to one already scanned,
     /// and the topology stays the same until the slot changes owner. Such a

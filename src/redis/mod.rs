@@ -8,6 +8,7 @@
 //! whose Redis restarted fails the calls made while it was gone and
 //! recovers without being rebuilt.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -192,7 +193,7 @@ impl Connection {
 /// one on a single node of a Redis Cluster reached as a plain Redis (its
 /// `SCAN` lists that node's slots only: use [`RedisSource::cluster`]).
 /// Where `INFO` is denied, none of that is noticed. The user needs `SCAN`
-/// and `INFO` (and `CLUSTER NODES` on a cluster).
+/// and `INFO` (and `CLUSTER NODES` and `CLUSTER SLOTS` on a cluster).
 ///
 /// ```no_run
 /// use bloomguard::{Guard, redis::RedisSource};
@@ -400,6 +401,12 @@ impl RedisSource {
             .arg("NODES")
             .query_async(&mut live)
             .await?;
+        let client_addresses = client_addresses(
+            redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async(&mut live)
+                .await?,
+        );
         let mut masters: Vec<(MasterNode, String)> = nodes
             .lines()
             .filter_map(|line| {
@@ -414,9 +421,12 @@ impl RedisSource {
                 }
                 let address = fields[1].split('@').next()?;
                 let (host, port) = address.rsplit_once(':')?;
-                let node = MasterNode {
-                    host: host.to_owned(),
-                    port: port.parse().ok()?,
+                let node = match client_addresses.get(fields[0]) {
+                    Some(node) => node.clone(),
+                    None => MasterNode {
+                        host: host.to_owned(),
+                        port: port.parse().ok()?,
+                    },
                 };
                 let fingerprint = format!(
                     "{} {address} {} {}",
@@ -489,6 +499,44 @@ const CLUSTER_SLOTS: u32 = 16_384;
 struct MasterNode {
     host: String,
     port: u16,
+}
+
+/// The masters' addresses by node id, as `CLUSTER SLOTS` gives them: the
+/// cluster client names its connections so (a hostname where the nodes
+/// announce one and prefer it), and routing by address looks them up by
+/// that name. `CLUSTER NODES` lists the IP first whatever the nodes
+/// prefer. A master without a usable address here (an empty or unknown
+/// endpoint, a reply without ids) is left to its `CLUSTER NODES` address.
+fn client_addresses(slots: redis::Value) -> HashMap<String, MasterNode> {
+    use redis::Value;
+    let text = |value: &Value| match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    };
+    let Value::Array(ranges) = slots else {
+        return HashMap::new();
+    };
+    ranges
+        .iter()
+        .filter_map(|range| {
+            let Value::Array(range) = range else {
+                return None;
+            };
+            // [first slot, last slot, master, replicas…]; a node is
+            // [host, port, id, …].
+            let Value::Array(master) = range.get(2)? else {
+                return None;
+            };
+            let host = text(master.first()?).filter(|host| !host.is_empty() && host != "?")?;
+            let Value::Int(port) = master.get(1)? else {
+                return None;
+            };
+            let id = text(master.get(2)?)?;
+            let port = u16::try_from(*port).ok()?;
+            Some((id, MasterNode { host, port }))
+        })
+        .collect()
 }
 
 /// Where a pass is: which node (none: the one node of a plain Redis), and

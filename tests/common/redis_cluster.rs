@@ -24,6 +24,26 @@ impl RedisCluster {
 
     /// [`start`](Self::start) with `replicas` replicas per master.
     pub(crate) fn start_with_replicas(replicas: usize) -> Self {
+        Self::start_with(replicas, &[])
+    }
+
+    /// [`start`](Self::start) with nodes that announce the hostname
+    /// `localhost`, which `CLUSTER SLOTS` gives clients instead of the IP.
+    pub(crate) fn start_announcing_hostnames() -> Self {
+        Self::start_with(
+            1,
+            &[
+                "--cluster-announce-hostname",
+                "localhost",
+                "--cluster-preferred-endpoint-type",
+                "hostname",
+            ],
+        )
+    }
+
+    /// `replicas` replicas per master; `node_args`: more `redis-server`
+    /// arguments for every node.
+    fn start_with(replicas: usize, node_args: &[&str]) -> Self {
         let count = 3 * (1 + replicas);
         // Each node also listens on its port + 10000 (the cluster bus).
         let ports: Vec<u16> = (0..count)
@@ -37,7 +57,7 @@ impl RedisCluster {
         std::fs::create_dir_all(&dir).unwrap();
         let nodes = ports
             .iter()
-            .map(|&port| Some(spawn_node(port, &dir)))
+            .map(|&port| Some(spawn_node(port, &dir, node_args)))
             .collect();
         let cluster = Self { ports, nodes, dir };
         for &port in &cluster.ports {
@@ -183,7 +203,7 @@ impl RedisCluster {
 }
 
 /// Starts the node of `port`, keeping its cluster state in `dir`.
-fn spawn_node(port: u16, dir: &std::path::Path) -> Child {
+fn spawn_node(port: u16, dir: &std::path::Path, node_args: &[&str]) -> Child {
     let spawned = Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
@@ -191,6 +211,7 @@ fn spawn_node(port: u16, dir: &std::path::Path) -> Child {
         .args(["--save", "", "--appendonly", "no"])
         .arg("--dir")
         .arg(dir)
+        .args(node_args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn();

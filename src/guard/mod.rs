@@ -431,7 +431,12 @@ impl Guard {
     /// first one. Either way no key already in the guard is lost. During a
     /// rebuild it is ORed into the new filter too; if that one has another
     /// size, the rebuild fails with [`RebuildError::MergedDuringRebuild`]
-    /// rather than swap the merged keys away.
+    /// rather than swap the merged keys away. A rebuild that reads its
+    /// source again (it found more keys than it sized the filter for) makes
+    /// a new filter without the keys merged during its first read: those
+    /// keys' writes, made before the merge, are in the store by the second
+    /// read, as the [write settle](crate::RebuildPolicy::write_settle)
+    /// promises for any insert.
     ///
     /// A merge never ends [warming](Self::is_warming): the merged filter
     /// says nothing of the keys this guard's own store holds, so checks keep

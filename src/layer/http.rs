@@ -124,13 +124,15 @@ impl<F> fmt::Debug for KeyFn<F> {
 ///
 /// **Nests, rewrites, and the two sides.** A [`GuardLayer`] keys a request
 /// only where it is sure of the item: with the `axum` feature, where the
-/// route axum matched ends with the template and the route of the layer's
-/// own router is no longer than it (a `nest`'s prefix is not the layer's
-/// router's: a layer inside `nest("/api", …)` keyed `/items/{id}` guards
+/// route axum matched ends with the template, has no capture but the
+/// template's, and the route of the layer's own router is no longer than
+/// the template (a `nest`'s literal prefix is not the layer's router's: a
+/// layer inside `nest("/api", …)` keyed `/items/{id}` guards
 /// `/api/items/{id}`; a longer route of its own, `/users/{u}/items/{id}`,
-/// is another route, whose handler may read another key, and one outside
-/// the nest needs the whole template, `/api/items/{id}`), where the path the
-/// layer sees still holds the id (a layer below a nest that stripped it,
+/// is another route, whose handler may read another key, and so is
+/// `/items/{id}` inside `nest("/users/{u}", …)`, whose handler gets both
+/// captures; a layer outside the nest needs the whole template,
+/// `/api/items/{id}`), where the path the layer sees still holds the id (a layer below a nest that stripped it,
 /// `nest("/users/{user}", …)`, keys nothing), and not where a middleware
 /// rewrote the end of the path since it came (it may name another item
 /// then), the id taken from the path the request came with (axum's
@@ -353,6 +355,16 @@ impl PathKey {
     }
 }
 
+/// The captures of a route as axum spells it: `{name}` and `{*name}`
+/// segments (`{{…}}` is literal text).
+#[cfg(feature = "axum")]
+fn captures(route: &str) -> usize {
+    route
+        .split('/')
+        .filter(|segment| segment.starts_with('{') && !segment.starts_with("{{"))
+        .count()
+}
+
 /// How much of the template before its parameter a path must hold
 /// ([`PathKey::raw_parameter_at_end`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -399,7 +411,14 @@ impl<B> HttpKey<B> for PathKey {
         // has the template's shape, but axum routed it elsewhere.
         #[cfg(feature = "axum")]
         let parameter = match request.extensions().get::<axum::extract::MatchedPath>() {
-            Some(matched) if !self.is_route(matched.as_str()) => return None,
+            // A capture besides the template's own (in a nest's prefix:
+            // `nest("/users/{user}", …)`) is the handler's too, and its key
+            // may be made of both.
+            Some(matched)
+                if !self.is_route(matched.as_str()) || captures(matched.as_str()) != 1 =>
+            {
+                return None;
+            }
             Some(_) => {
                 // The id where the request came with it, if the path this
                 // layer sees still holds that segment unchanged: a path

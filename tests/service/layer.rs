@@ -350,6 +350,27 @@ async fn a_longer_route_that_ends_with_the_template_is_not_guarded() {
         1,
         "outside the nest, /items/{{id}} does not name the route: not guarded"
     );
+
+    // The same route through a nest with a parameter of its own: axum hands
+    // the handler both captures, and the layer inside sees `/items/99` only.
+    let tenants = Router::new().nest(
+        "/users/{user}",
+        Router::new()
+            .route(
+                "/items/{id}",
+                get(move |Path((user, id)): Path<(String, String)>| stored(format!("{user}:{id}"))),
+            )
+            .layer(GuardLayer::for_http(
+                guard.clone(),
+                PathKey::route("/items/{id}").method(Method::GET),
+            )),
+    );
+    assert_eq!(
+        status(&tenants, "/users/7/items/99").await,
+        StatusCode::OK,
+        "a nest's capture is the handler's too"
+    );
+    assert_eq!(guard.stats().checks.absent, 1);
 }
 
 /// The insert layer's key without a matched route or the original path (a

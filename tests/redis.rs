@@ -482,6 +482,55 @@ mod cluster {
         assert!(guard.is_warming());
     }
 
+    /// A cluster of one master (one shard, as a managed service's cluster
+    /// mode starts): its one node serves every slot, so its `SCAN` is the
+    /// whole store, and a plain source reads it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plain_source_on_a_one_master_cluster_reads_it_whole() {
+        let config =
+            std::env::temp_dir().join(format!("bloomguard-one-master-{}.conf", std::process::id()));
+        let server = RedisServer::start_with(&[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            config.to_str().unwrap(),
+        ]);
+        let mut connection = server.client().get_connection().unwrap();
+        let () = redis::cmd("CLUSTER")
+            .arg("ADDSLOTSRANGE")
+            .arg(0)
+            .arg(16383)
+            .query(&mut connection)
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query(&mut connection)
+                .unwrap();
+            if info.contains("cluster_state:ok") {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{info}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // One key a command: a cluster refuses an `MSET` across slots.
+        for i in 0..100 {
+            let () = redis::cmd("SET")
+                .arg(format!("item:{i}"))
+                .arg(i)
+                .query(&mut connection)
+                .unwrap();
+        }
+        let guard = guard_over(
+            &server,
+            RebuildPolicy::default().write_settle(Duration::ZERO),
+        );
+        let report = guard.rebuild().await.unwrap();
+        assert_eq!(report.keys, 100);
+        let _ = std::fs::remove_file(config);
+    }
+
     /// Nodes that announce a hostname (as on Kubernetes): the client names
     /// its connections by what `CLUSTER SLOTS` says (`localhost`), not by
     /// the IP `CLUSTER NODES` lists first, and a pass must reach every

@@ -191,7 +191,8 @@ impl Connection {
 /// meant nothing to the new process). So does a pass on a replica, which
 /// may lack writes its master took for longer than any write settle, and
 /// one on a single node of a Redis Cluster reached as a plain Redis (its
-/// `SCAN` lists that node's slots only: use [`RedisSource::cluster`]).
+/// `SCAN` lists that node's slots only: use [`RedisSource::cluster`]; a
+/// cluster of one master serving every slot is read whole).
 /// Where `INFO` is denied, none of that is noticed. The user needs `SCAN`
 /// and `INFO` (and `CLUSTER NODES` and `CLUSTER SLOTS` on a cluster).
 ///
@@ -321,7 +322,8 @@ impl RedisSource {
     /// the old process means nothing, and the keys after it may be skipped.
     /// A replica fails the pass: it may not hold a write its master took,
     /// for longer than any write settle. So does one node of a cluster
-    /// reached as a plain Redis: its `SCAN` ends after its own slots.
+    /// reached as a plain Redis (its `SCAN` ends after its own slots),
+    /// unless it serves every slot.
     /// On a cluster, a master migrating or importing a slot fails the pass:
     /// keys `MIGRATE` moves leave the topology unchanged until the slot
     /// changes owner, and could move from a master not yet scanned to one
@@ -346,35 +348,37 @@ impl RedisSource {
                 .map(str::trim)
         };
         if field("role") == Some("slave") {
-            return Err(RedisError::from(std::io::Error::other(
+            return Err(RedisError::from(std::io::Error::other(if node.is_some() {
+                "a master listed for the pass is a replica now (a failover in progress?); \
+                 the rebuild is retried"
+            } else {
                 "the source reads a replica, which may lack writes its master took: \
-                 point the RedisSource at the master",
-            )));
-        }
-        if node.is_none() && field("redis_mode") == Some("cluster") {
-            return Err(RedisError::from(std::io::Error::other(
-                "the source reaches one node of a Redis Cluster, whose SCAN lists that \
-                 node's slots only: use RedisSource::cluster",
-            )));
+                 point the RedisSource at the master"
+            })));
         }
         let run_id = field("run_id").unwrap_or_default().to_owned();
-        if node.is_some() {
+        if node.is_some() || field("redis_mode") == Some("cluster") {
             let mut nodes = redis::cmd("CLUSTER");
             nodes.arg("NODES");
             let nodes: String = self.query_on(node, &nodes).await?;
+            let myself = nodes.lines().find(|line| {
+                line.split(' ')
+                    .nth(2)
+                    .is_some_and(|flags| flags.contains("myself"))
+            });
             // Only a node's own line shows its `[slot->-id]` / `[slot-<-id]`.
-            let moving = nodes
-                .lines()
-                .find(|line| {
-                    line.split(' ')
-                        .nth(2)
-                        .is_some_and(|flags| flags.contains("myself"))
-                })
-                .is_some_and(|line| line.contains('['));
-            if moving {
+            if myself.is_some_and(|line| line.contains('[')) {
                 return Err(RedisError::from(std::io::Error::other(
                     "a slot is migrating between masters: keys may move past the pass; \
                      the rebuild is retried",
+                )));
+            }
+            // A cluster of one master (one shard) is read whole as a plain
+            // Redis; any other node of a cluster lists its own slots only.
+            if node.is_none() && myself.map_or(0, slots_served) != CLUSTER_SLOTS {
+                return Err(RedisError::from(std::io::Error::other(
+                    "the source reaches one node of a Redis Cluster, whose SCAN lists that \
+                     node's slots only: use RedisSource::cluster",
                 )));
             }
         }
@@ -442,27 +446,7 @@ impl RedisSource {
         // out of the pass, and the pass would look complete.
         let served: u32 = nodes
             .lines()
-            .filter(|line| {
-                let flags = line.split(' ').nth(2).unwrap_or("");
-                flags.contains("master") && !flags.contains("fail") && !flags.contains("noaddr")
-            })
-            .flat_map(|line| line.split(' ').skip(8))
-            .filter(|range| !range.starts_with('['))
-            .map(|range| {
-                // Slots are 0..16384: anything else (a broken reply) counts for none.
-                let slot = |text: &str| {
-                    text.parse::<u32>()
-                        .ok()
-                        .filter(|&slot| slot < CLUSTER_SLOTS)
-                };
-                match range.split_once('-') {
-                    Some((first, last)) => match (slot(first), slot(last)) {
-                        (Some(first), Some(last)) if last >= first => last - first + 1,
-                        _ => 0,
-                    },
-                    None => u32::from(slot(range).is_some()),
-                }
-            })
+            .map(slots_served)
             .fold(0u32, u32::saturating_add);
         if served != CLUSTER_SLOTS {
             return Err(RedisError::from(std::io::Error::other(format!(
@@ -493,6 +477,34 @@ impl RedisSource {
 
 /// Hash slots in a Redis Cluster.
 const CLUSTER_SLOTS: u32 = 16_384;
+
+/// The slots a `CLUSTER NODES` line serves: none unless it is a master
+/// that has not failed and has an address.
+fn slots_served(line: &str) -> u32 {
+    let flags = line.split(' ').nth(2).unwrap_or("");
+    if !flags.contains("master") || flags.contains("fail") || flags.contains("noaddr") {
+        return 0;
+    }
+    line.split(' ')
+        .skip(8)
+        .filter(|range| !range.starts_with('['))
+        .map(|range| {
+            // Slots are 0..16384: anything else (a broken reply) counts for none.
+            let slot = |text: &str| {
+                text.parse::<u32>()
+                    .ok()
+                    .filter(|&slot| slot < CLUSTER_SLOTS)
+            };
+            match range.split_once('-') {
+                Some((first, last)) => match (slot(first), slot(last)) {
+                    (Some(first), Some(last)) if last >= first => last - first + 1,
+                    _ => 0,
+                },
+                None => u32::from(slot(range).is_some()),
+            }
+        })
+        .fold(0u32, u32::saturating_add)
+}
 
 /// A master of a cluster, by address.
 #[derive(Debug, Clone)]

@@ -46,8 +46,9 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 /// over one) under a deterministic collation: a pass over keys that compare
 /// equal by case or accent, or over `citext` or `char(n)`, fails. It should
 /// be indexed (a primary key is). A pass on a standby fails too: it may lack
-/// writes its primary took, for longer than any write settle. PostgreSQL 12
-/// or later.
+/// writes its primary took, for longer than any write settle (each page is
+/// checked, as a router balancing reads may send any page to one).
+/// PostgreSQL 12 or later.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -65,12 +66,13 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 #[derive(Clone)]
 pub struct PgSource {
     pool: PgPool,
+    /// Whether the server is a standby, and the keys of
     /// `SELECT key … ORDER BY key LIMIT $1`.
     first_page: String,
-    /// `SELECT key … WHERE key > $1 ORDER BY key LIMIT $2`.
+    /// The same, `… WHERE key > $1 ORDER BY key LIMIT $2`.
     next_page: String,
     /// The keys' type (a domain's base type) and whether their collation is
-    /// deterministic (`NULL`s: no rows), and whether the server is a standby.
+    /// deterministic (`NULL`s: no rows).
     key_check: String,
     page: i64,
     map_key: Option<KeyMap>,
@@ -97,11 +99,17 @@ impl PgSource {
             pool,
             // A NULL key names no item (and sorts last, where the first
             // page of a small table reaches it); later pages skip it by `>`.
+            // Each page says whether the server that read it is a standby:
+            // behind a router that balances reads, any page may be read on
+            // one (and `pg_is_in_recovery()`, volatile, keeps pgpool's on
+            // the primary). One row even for an empty page.
             first_page: format!(
-                "SELECT {key} FROM {relation} WHERE {key} IS NOT NULL ORDER BY {key} LIMIT $1"
+                "SELECT pg_is_in_recovery(), ARRAY(SELECT {key}::text FROM {relation} \
+                 WHERE {key} IS NOT NULL ORDER BY {key} LIMIT $1)"
             ),
             next_page: format!(
-                "SELECT {key} FROM {relation} WHERE {key} > $1 ORDER BY {key} LIMIT $2"
+                "SELECT pg_is_in_recovery(), ARRAY(SELECT {key}::text FROM {relation} \
+                 WHERE {key} > $1 ORDER BY {key} LIMIT $2)"
             ),
             // The collation by name, as `pg_collation_for` spells it (quoted,
             // and qualified when not on the search path): `regcollation`
@@ -113,8 +121,7 @@ impl PgSource {
                  (SELECT bool_and(c.collisdeterministic) \
                   FROM one, pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace \
                   WHERE pg_collation_for(one.key) COLLATE \"C\" IN \
-                  (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname))), \
-                 pg_is_in_recovery()"
+                  (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname)))"
             ),
             page: Self::DEFAULT_PAGE,
             map_key: None,
@@ -136,14 +143,23 @@ impl PgSource {
         self
     }
 
-    async fn page_after(&self, last: Option<&str>) -> Result<Vec<String>, sqlx::Error> {
+    /// The page of keys after `last`; fails where a standby read it: it
+    /// replays its primary's writes asynchronously, and may lack one for
+    /// longer than any write settle.
+    async fn page_after(&self, last: Option<&str>) -> Result<Vec<String>, SourceError> {
         let page = match last {
-            None => sqlx::query_scalar(&self.first_page).bind(self.page),
-            Some(last) => sqlx::query_scalar(&self.next_page)
-                .bind(last)
-                .bind(self.page),
+            None => sqlx::query_as(&self.first_page).bind(self.page),
+            Some(last) => sqlx::query_as(&self.next_page).bind(last).bind(self.page),
         };
-        page.fetch_all(&self.pool).await
+        let (standby, keys): (bool, Vec<String>) =
+            page.fetch_one(&self.pool).await.map_err(SourceError::new)?;
+        if standby {
+            return Err(SourceError::new(
+                "the source reads a standby, which may lack writes its primary took: \
+                 give the PgSource a pool on the primary",
+            ));
+        }
+        Ok(keys)
     }
 
     /// Fails unless the keys compare byte for byte: text or varchar under a
@@ -153,21 +169,13 @@ impl PgSource {
     /// with a text parameter as text, so under "C" the page after `'a'`
     /// skips `'B'`; `char(n)` pads its keys. (The store's `= $1` would also
     /// find `'A'` for `'a'`, which the guard, holding bytes, answers absent.)
-    /// Fails on a standby too: it replays its primary's writes
-    /// asynchronously, and may lack one for longer than any write settle.
     /// One short statement a pass.
-    async fn refuse_unsound_passes(&self) -> Result<(), SourceError> {
-        let (key_type, deterministic, standby): (Option<String>, Option<bool>, bool) =
+    async fn refuse_loosely_compared_keys(&self) -> Result<(), SourceError> {
+        let (key_type, deterministic): (Option<String>, Option<bool>) =
             sqlx::query_as(&self.key_check)
                 .fetch_one(&self.pool)
                 .await
                 .map_err(SourceError::new)?;
-        if standby {
-            return Err(SourceError::new(
-                "the source reads a standby, which may lack writes its primary took: \
-                 give the PgSource a pool on the primary",
-            ));
-        }
         if let Some(key_type) = key_type
             && !matches!(key_type.as_str(), "text" | "character varying")
         {
@@ -197,12 +205,9 @@ impl KeySource for PgSource {
                 return Ok::<_, SourceError>(None); // past the last page
             };
             if after.is_none() {
-                self.refuse_unsound_passes().await?;
+                self.refuse_loosely_compared_keys().await?;
             }
-            let keys = self
-                .page_after(after.as_deref())
-                .await
-                .map_err(SourceError::new)?;
+            let keys = self.page_after(after.as_deref()).await?;
             let next = (keys.len() as i64 == self.page).then(|| keys.last().cloned());
             let batch = keys
                 .iter()

@@ -118,12 +118,9 @@ impl Guard {
         // Here rather than at the task's first sleep, where the panic would
         // only be logged, and the guard would stay warming for ever.
         drop(tokio::time::sleep(Duration::ZERO));
-        let verifier = self
-            .inner
-            .verifier
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
+        // Lent from here, so that it goes back even if the task is dropped
+        // before it first runs (its runtime shut down).
+        let verifier = LentVerifier::take(&self.inner);
         let task = Task {
             guard: Arc::downgrade(&self.inner),
             wake: Arc::clone(&self.inner.wake),
@@ -333,13 +330,14 @@ impl Drop for Running {
 }
 
 impl Task {
-    async fn run(mut self, stop: CancellationToken, verifier: Option<Verifier>) {
-        let mut verifier = LentVerifier {
-            guard: Weak::clone(&self.guard),
-            verifier,
-        };
+    async fn run(mut self, stop: CancellationToken, mut verifier: LentVerifier) {
         loop {
             let Some(guard) = self.upgrade() else { break };
+            if verifier.verifier.is_none() {
+                // A task started before the last one gave it back (a handle
+                // dropped, and another task spawned at once).
+                verifier = LentVerifier::take(&guard.inner);
+            }
             let now = Instant::now();
             if guard.next_rotation().is_some_and(|at| now >= at)
                 && let Err(error) = guard.rotate()
@@ -458,6 +456,20 @@ impl Task {
 struct LentVerifier {
     guard: Weak<Inner>,
     verifier: Option<Verifier>,
+}
+
+impl LentVerifier {
+    /// The guard's queue, if no other task holds it.
+    fn take(inner: &Arc<Inner>) -> Self {
+        Self {
+            guard: Arc::downgrade(inner),
+            verifier: inner
+                .verifier
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .take(),
+        }
+    }
 }
 
 impl Drop for LentVerifier {

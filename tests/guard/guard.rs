@@ -1255,22 +1255,31 @@ impl KeySource for PanicsOnce {
 /// never verified again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_started_after_a_panic_still_checks_staleness() {
-    let guard = Guard::builder()
-        .expected_items(1_000)
-        .source(PanicsOnce {
-            panicked: AtomicBool::new(false),
-            keys: vec![b"listed".to_vec()],
-        })
-        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
-        .maintenance_interval(Duration::from_millis(20))
-        // The store holds every key: each absent answer is a stale one.
-        .staleness_check(1.0, |_| async { Ok(true) })
-        .build()
-        .unwrap();
+    let guard = checked_for_staleness(PanicsOnce {
+        panicked: AtomicBool::new(false),
+        keys: vec![b"listed".to_vec()],
+    });
     let maintenance = guard.spawn_maintenance();
     wait_until("the task to die", || maintenance.is_finished()).await;
     assert!(maintenance.panicked());
+    verifies_absent_answers(&guard).await;
+}
 
+/// A guard over `source` with a staleness check whose store holds every
+/// key asked about: each `Absent` answer is a stale one.
+fn checked_for_staleness(source: impl KeySource) -> Guard {
+    Guard::builder()
+        .expected_items(1_000)
+        .source(source)
+        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
+        .maintenance_interval(Duration::from_millis(20))
+        .staleness_check(1.0, |_| async { Ok(true) })
+        .build()
+        .unwrap()
+}
+
+/// Its maintenance task checks an `Absent` answer against the store.
+async fn verifies_absent_answers(guard: &Guard) {
     let maintenance = guard.spawn_maintenance();
     guard.ready().await;
     assert_eq!(
@@ -1282,6 +1291,33 @@ async fn a_task_started_after_a_panic_still_checks_staleness() {
     })
     .await;
     maintenance.shutdown().await;
+}
+
+/// A task dropped before it first ran (its runtime shut down at once), and
+/// one replaced at once by another (its handle dropped, a new task
+/// spawned before the old one ended): the staleness queue goes to the task
+/// after them.
+#[test]
+fn a_task_that_never_ran_or_was_replaced_at_once_hands_the_staleness_check_on() {
+    let guard = checked_for_staleness(source::from_fn(|| vec!["listed"]));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let never_ran = runtime.block_on(async { guard.spawn_maintenance() });
+    drop(runtime);
+    drop(never_ran);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let replaced = guard.spawn_maintenance();
+        drop(replaced);
+        verifies_absent_answers(&guard).await;
+    });
 }
 
 #[tokio::test]

@@ -3,7 +3,12 @@
 //! the store and publishes the result, and every other member replaces its
 //! set with that snapshot (fenced while it replays the stream after it). So
 //! the store is read once per fleet rebuild, the fleet forgets deleted keys
-//! together, and every member answers from the same filters.
+//! together, and every member answers from the same filters. One exception:
+//! a member whose staleness check found a key the store holds and it
+//! answered `Absent` for rebuilds for it itself, after any snapshot it
+//! adopts, since it cannot tell whether that snapshot's read of the store
+//! began before its finding (so one write that bypassed the guards, found
+//! by several members, costs a read of the store each).
 //!
 //! Correctness does not depend on the lock: a member that rebuilds on its
 //! own (Redis unreachable, or recovering) keeps every acknowledged key (see

@@ -1426,6 +1426,54 @@ async fn a_member_the_trimmed_stream_left_behind_recovers_from_a_snapshot() {
     assert!(chunks > 1, "chunked: {manifest}");
 }
 
+/// A join dropped (a timeout around it) after its renewal ran in Redis but
+/// before its reply came: Redis holds a lease for the member, which writers
+/// count from then on, but not for the keys acknowledged before. A join
+/// retried within that lease found it live and took itself for caught up:
+/// it answered from an empty set, unfenced, before reading the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_dropped_after_its_renewal_ran_catches_up_when_retried() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let a = join_with(guard("a"), server.client(), "redo", long_lease).await;
+    let before = write_keys_from_before(&a).await;
+    let b = long_lease(FleetSync::builder(guard("b"), proxy.client(), "redo")).build();
+    proxy.stall_at(b"{redo}:leases", StallAt::After);
+    let dropped = tokio::time::timeout(Duration::from_millis(500), b.join()).await;
+    assert!(dropped.is_err(), "the join waits on its renewal's reply");
+    let mut connection = server.client().get_connection().unwrap();
+    wait_until("b's renewal to run", || {
+        redis::cmd("ZSCORE")
+            .arg("{redo}:leases")
+            .arg(b.member())
+            .query::<Option<f64>>(&mut connection)
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    // The retried join's reader stops before its first read of the stream.
+    proxy.stall_at(
+        b"{redo}:inserts\r\n$22\r\n{redo}:inserts:trimmed",
+        StallAt::Before,
+    );
+    proxy.resume();
+    let handle = b.join().await.unwrap();
+    wait_until("b's reader to stop at its first read", || {
+        proxy.is_stalled()
+    })
+    .await;
+    for key in &before {
+        assert_ne!(
+            b.guard().check(key),
+            Verdict::Absent,
+            "{key}, acknowledged before b joined"
+        );
+    }
+    proxy.resume();
+    caught_up(&Member { fleet: b, handle }).await;
+    a.handle.shutdown().await;
+}
+
 async fn a_joiner_gets_every_window(lifecycle: Lifecycle, expected_items: u64, fleet: &str) {
     let server = RedisServer::start();
     let make = |name: &str| {

@@ -446,11 +446,7 @@ impl FleetSync {
     /// Gives up this member's lease at once (leaving, or recovering), so
     /// that writers stop waiting for it.
     pub(super) async fn withdraw(&self) {
-        {
-            let mut state = self.state();
-            state.lease_epoch += 1;
-            state.fence_at = None;
-        }
+        self.state().give_up_lease();
         self.refresh_fence();
         let keys = &self.inner.keys;
         let withdrawn: Result<(), FleetError> = async {

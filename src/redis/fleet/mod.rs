@@ -394,6 +394,18 @@ impl MemberState {
         (self.fresh_in, lacked)
     }
 
+    /// This member no longer counts on its lease: a renewal's reply still
+    /// on its way says nothing of a lease now (its epoch is stale), and the
+    /// next renewal taken in is not continuous whatever Redis says. A
+    /// renewal this member never took in may have taken the lease again
+    /// meanwhile (one of a dropped join, one resent after a `NOSCRIPT`),
+    /// while writers had counted this member out.
+    fn give_up_lease(&mut self) {
+        self.lease_epoch += 1;
+        self.fence_at = None;
+        self.lease_in_doubt = true;
+    }
+
     fn must_fence(&self, now: Instant) -> bool {
         self.fence_at.is_none_or(|at| now >= at)
             || self.catch_up_to.is_some()
@@ -1126,9 +1138,7 @@ impl Drop for UnfinishedJoin {
         let member = &self.member;
         {
             let mut state = member.state();
-            // A renewal's reply still on its way says nothing of a lease now.
-            state.lease_epoch += 1;
-            state.fence_at = None;
+            state.give_up_lease();
             if state.replacements == 0 {
                 member.inner.guard.set_fenced(self.was_fenced);
                 state.fenced = self.was_fenced;
@@ -1271,12 +1281,31 @@ mod tests {
         assert_eq!(member.state().catch_up_to, Some("200-0".parse().unwrap()));
     }
 
+    /// A lease given up (a withdraw, a join dropped mid-renewal) may be
+    /// taken again by a renewal whose reply this member never takes in (one
+    /// sent before, resent after a `NOSCRIPT`; one of a dropped join), or
+    /// takes in after another's: Redis then calls the next renewal
+    /// continuous, though writers counted this member out in between.
+    #[test]
+    fn a_renewal_after_the_lease_was_given_up_does_not_count_as_continuous() {
+        let member = member();
+        member.renewed(renewal(&member, true, 1));
+        assert!(!member.guard().is_fenced(), "live lease, caught up");
+        member.state().give_up_lease();
+        member.refresh_fence();
+        member.renewed(renewal(&member, true, 1));
+        assert!(
+            member.guard().is_fenced(),
+            "fenced until the stream up to 200-0 is applied"
+        );
+        assert_eq!(member.state().catch_up_to, Some("200-0".parse().unwrap()));
+    }
+
     #[test]
     fn a_renewal_sent_before_the_lease_was_given_up_is_ignored() {
         let member = member();
         let stale = renewal(&member, true, 1);
-        member.state().lease_epoch += 1; // what `withdraw` does
-        member.state().fence_at = None;
+        member.state().give_up_lease();
         member.renewed(stale);
         assert_eq!(member.state().fence_at, None);
         member.refresh_fence();

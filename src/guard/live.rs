@@ -177,11 +177,17 @@ impl LiveState {
     /// makes for inserts. `open` runs under the swap lock, so the new
     /// generation's clock starts after every insert that loaded the old set:
     /// their keys are kept for a full window. A warming guard is left alone
-    /// (its first build opens the first generation).
-    pub(crate) fn rotate(&self, keep: usize, open: impl FnOnce() -> Generation) {
+    /// (its first build opens the first generation), and so is a set whose
+    /// newest generation `due` does not find due.
+    pub(crate) fn rotate(
+        &self,
+        keep: usize,
+        due: impl Fn(&Generation) -> bool,
+        open: impl FnOnce() -> Generation,
+    ) {
         let _swap = lock(&self.swap_lock);
         let set = self.set.load();
-        if set.warming {
+        if set.warming || !set.newest().is_some_and(|newest| due(newest)) {
             return;
         }
         let fresh = open();
@@ -537,7 +543,7 @@ mod tests {
         let replaced = Arc::downgrade(&state.load_full());
         let record = sections::registry().claim();
         let number = state.read(record, |set| set.number);
-        state.rotate(1, generation);
+        state.rotate(1, |_| true, generation);
         // Another test's check may be inside a section for a moment.
         state.reclaim(None);
         assert!(replaced.upgrade().is_none(), "the replaced set was freed");
@@ -585,9 +591,9 @@ mod tests {
         assert!(state.commit_shadow(&shadow));
         assert_derived(&state, "warming ended by a commit");
         assert!(state.load().answering.is_some());
-        state.rotate(2, generation);
+        state.rotate(2, |_| true, generation);
         assert_derived(&state, "two generations");
-        state.rotate(1, generation);
+        state.rotate(1, |_| true, generation);
         assert_derived(&state, "one generation again");
         let shadow = new_shadow();
         state.install_shadow(Arc::clone(&shadow));
@@ -723,7 +729,7 @@ mod tests {
             for _ in 0..4 {
                 scope.spawn(|| {
                     for _ in 0..100 {
-                        state.rotate(3, generation);
+                        state.rotate(3, |_| true, generation);
                     }
                 });
             }

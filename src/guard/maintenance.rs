@@ -340,7 +340,7 @@ impl Task {
             }
             let now = Instant::now();
             if guard.next_rotation().is_some_and(|at| now >= at)
-                && let Err(error) = guard.rotate()
+                && let Err(error) = guard.rotate_if_due(now)
             {
                 tracing::warn!(guard = %guard.name(), %error, "cannot rotate");
             }
@@ -600,6 +600,30 @@ mod tests {
             guard.rebuild_due(Instant::now()),
             Some("stale filter"),
             "the rebuild that committed never read the key"
+        );
+    }
+
+    /// The task finds a rotation due, then rotates: a rotation in between
+    /// (`Guard::rotate`, or a fleet snapshot from a member that just
+    /// rotated) must not be followed by a second one at once, which would
+    /// drop the generation that was newest a moment ago, with its keys.
+    #[tokio::test(start_paused = true)]
+    async fn a_rotation_found_due_is_not_applied_to_a_set_rotated_meanwhile() {
+        let period = Duration::from_secs(3600);
+        let guard = crate::Guard::builder()
+            .expected_items(1_000)
+            .lifecycle(crate::Lifecycle::rotate(2, period))
+            .build()
+            .unwrap();
+        tokio::time::advance(period).await;
+        let now = Instant::now();
+        assert!(guard.next_rotation().is_some_and(|at| now >= at), "due");
+        guard.insert("just before the other rotation");
+        guard.rotate().unwrap();
+        guard.rotate_if_due(now).unwrap();
+        assert_eq!(
+            guard.check("just before the other rotation"),
+            Verdict::MaybePresent
         );
     }
 

@@ -840,13 +840,39 @@ impl Guard {
     /// # Errors
     /// [`ConfigError`] if the fresh filter would exceed the memory budget.
     pub fn rotate(&self) -> Result<(), ConfigError> {
+        self.rotate_where(|_| true)
+    }
+
+    /// The rotation the maintenance task found due at `now`, unless the set
+    /// changed since so that it is no longer due (a rotation meanwhile, or a
+    /// fleet snapshot from a member that just rotated): a second rotation
+    /// at once would drop the generation that was newest a moment ago.
+    pub(crate) fn rotate_if_due(&self, now: tokio::time::Instant) -> Result<(), ConfigError> {
+        let Lifecycle::Rotate { period, .. } = self.inner.lifecycle else {
+            return Ok(());
+        };
+        self.rotate_where(|newest| newest.opened_at + period <= now)
+    }
+
+    /// Rotates if `due` says so of the newest generation, decided under the
+    /// swap lock (and once before, to skip making a filter for nothing).
+    fn rotate_where(&self, due: impl Fn(&Generation) -> bool) -> Result<(), ConfigError> {
         let Lifecycle::Rotate { generations, .. } = self.inner.lifecycle else {
             return Ok(());
         };
+        if !self
+            .inner
+            .live
+            .load()
+            .newest()
+            .is_some_and(|newest| due(newest))
+        {
+            return Ok(());
+        }
         let _span = tracing::info_span!("bloomguard.rotate", guard = %self.inner.name).entered();
         let rate = self.first_filter_rate();
         let filter = self.new_filter(self.inner.expected_items, rate)?;
-        self.inner.live.rotate(generations, || {
+        self.inner.live.rotate(generations, due, || {
             Generation::new(filter, self.inner.expected_items, rate)
         });
         Ok(())

@@ -479,6 +479,8 @@ impl Drop for LentVerifier {
                 .verifier
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(verifier);
+            // A task started meanwhile takes it at its next turn: now.
+            inner.wake.notify_one();
         }
     }
 }

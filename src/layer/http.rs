@@ -355,14 +355,23 @@ impl PathKey {
     }
 }
 
-/// The captures of a route as axum spells it: `{name}` and `{*name}`
-/// segments (`{{…}}` is literal text).
+/// The captures of a route as axum spells it: every `{` not part of a
+/// `{{` escape opens one, whole segments (`{id}`, `{*rest}`) or parts of
+/// one (`/t_{tenant}`).
 #[cfg(feature = "axum")]
 fn captures(route: &str) -> usize {
-    route
-        .split('/')
-        .filter(|segment| segment.starts_with('{') && !segment.starts_with("{{"))
-        .count()
+    let mut rest = route;
+    let mut count = 0;
+    while let Some(at) = rest.find('{') {
+        match rest[at + 1..].strip_prefix('{') {
+            Some(after_escape) => rest = after_escape,
+            None => {
+                count += 1;
+                rest = &rest[at + 1..];
+            }
+        }
+    }
+    count
 }
 
 /// How much of the template before its parameter a path must hold
@@ -687,5 +696,24 @@ impl<K: Clone, ResBody> Clone for HttpPolicy<K, ResBody> {
             absent_header: self.absent_header.clone(),
             trusted: self.trusted,
         }
+    }
+}
+
+#[cfg(all(test, feature = "axum"))]
+mod tests {
+    use super::captures;
+
+    #[test]
+    fn every_unescaped_brace_opens_a_capture() {
+        assert_eq!(captures("/items/{id}"), 1);
+        assert_eq!(captures("/users/{user}/items/{id}"), 2);
+        assert_eq!(captures("/u_{user}/items/{id}"), 2, "part of a segment");
+        assert_eq!(captures("/files/{*rest}"), 1);
+        assert_eq!(captures("/{{literal}}/items/{id}"), 1, "an escape");
+        assert_eq!(
+            captures("/{{x}}{t}/items/{id}"),
+            2,
+            "an escape, then a capture"
+        );
     }
 }

@@ -347,7 +347,7 @@ impl RedisSource {
                 .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
                 .map(str::trim)
         };
-        if field("role") == Some("slave") {
+        if matches!(field("role"), Some("slave" | "replica")) {
             return Err(RedisError::from(std::io::Error::other(if node.is_some() {
                 "a master listed for the pass is a replica now (a failover in progress?); \
                  the rebuild is retried"
@@ -366,6 +366,17 @@ impl RedisSource {
                     .nth(2)
                     .is_some_and(|flags| flags.contains("myself"))
             });
+            // The address reached another node than the one planned (a
+            // node moved to it since the pass read the topology): this one
+            // may be scanned twice and the planned one never.
+            if let Some(planned) = node
+                && myself.and_then(|line| line.split(' ').next()) != Some(planned.id.as_str())
+            {
+                return Err(RedisError::from(std::io::Error::other(
+                    "a master's address reached another node (the topology changed); \
+                     the rebuild is retried",
+                )));
+            }
             // Only a node's own line shows its `[slot->-id]` / `[slot-<-id]`.
             if myself.is_some_and(|line| line.contains('[')) {
                 return Err(RedisError::from(std::io::Error::other(
@@ -425,12 +436,14 @@ impl RedisSource {
                 }
                 let address = fields[1].split('@').next()?;
                 let (host, port) = address.rsplit_once(':')?;
-                let node = match client_addresses.get(fields[0]) {
-                    Some(node) => node.clone(),
-                    None => MasterNode {
-                        host: host.to_owned(),
-                        port: port.parse().ok()?,
-                    },
+                let (host, port) = match client_addresses.get(fields[0]) {
+                    Some(address) => address.clone(),
+                    None => (host.to_owned(), port.parse().ok()?),
+                };
+                let node = MasterNode {
+                    id: fields[0].to_owned(),
+                    host,
+                    port,
                 };
                 let fingerprint = format!(
                     "{} {address} {} {}",
@@ -506,9 +519,11 @@ fn slots_served(line: &str) -> u32 {
         .fold(0u32, u32::saturating_add)
 }
 
-/// A master of a cluster, by address.
+/// A master of a cluster: its node id, and its address as the cluster
+/// client names it.
 #[derive(Debug, Clone)]
 struct MasterNode {
+    id: String,
     host: String,
     port: u16,
 }
@@ -519,7 +534,7 @@ struct MasterNode {
 /// that name. `CLUSTER NODES` lists the IP first whatever the nodes
 /// prefer. A master without a usable address here (an empty or unknown
 /// endpoint, a reply without ids) is left to its `CLUSTER NODES` address.
-fn client_addresses(slots: redis::Value) -> HashMap<String, MasterNode> {
+fn client_addresses(slots: redis::Value) -> HashMap<String, (String, u16)> {
     use redis::Value;
     let text = |value: &Value| match value {
         Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
@@ -546,7 +561,7 @@ fn client_addresses(slots: redis::Value) -> HashMap<String, MasterNode> {
             };
             let id = text(master.get(2)?)?;
             let port = u16::try_from(*port).ok()?;
-            Some((id, MasterNode { host, port }))
+            Some((id, (host, port)))
         })
         .collect()
 }

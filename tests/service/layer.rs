@@ -353,23 +353,31 @@ async fn a_longer_route_that_ends_with_the_template_is_not_guarded() {
 
     // The same route through a nest with a parameter of its own: axum hands
     // the handler both captures, and the layer inside sees `/items/99` only.
-    let tenants = Router::new().nest(
-        "/users/{user}",
-        Router::new()
-            .route(
-                "/items/{id}",
-                get(move |Path((user, id)): Path<(String, String)>| stored(format!("{user}:{id}"))),
-            )
-            .layer(GuardLayer::for_http(
-                guard.clone(),
-                PathKey::route("/items/{id}").method(Method::GET),
-            )),
-    );
-    assert_eq!(
-        status(&tenants, "/users/7/items/99").await,
-        StatusCode::OK,
-        "a nest's capture is the handler's too"
-    );
+    // The nest's capture may be a whole segment or part of one.
+    for (nest, path) in [
+        ("/users/{user}", "/users/7/items/99"),
+        ("/u_{user}", "/u_7/items/99"),
+    ] {
+        let tenants = Router::new().nest(
+            nest,
+            Router::new()
+                .route(
+                    "/items/{id}",
+                    get(move |Path((user, id)): Path<(String, String)>| {
+                        stored(format!("{user}:{id}"))
+                    }),
+                )
+                .layer(GuardLayer::for_http(
+                    guard.clone(),
+                    PathKey::route("/items/{id}").method(Method::GET),
+                )),
+        );
+        assert_eq!(
+            status(&tenants, path).await,
+            StatusCode::OK,
+            "{nest}: a nest's capture is the handler's too"
+        );
+    }
     assert_eq!(guard.stats().checks.absent, 1);
 }
 

@@ -373,6 +373,40 @@ async fn a_pass_on_a_replica_fails() {
     assert!(guard.is_warming());
 }
 
+/// A user that may not run `INFO` (a common ACL): the source asks `ROLE`
+/// instead, and a pass on a replica still fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_on_a_replica_fails_where_info_is_denied() {
+    let master = RedisServer::start();
+    master.populate(0..100);
+    let port = master.port.to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let source = RedisSource::new(without_info(replica.port), "item:*").strip_prefix("item:");
+    let guard = common::guard_from(source);
+    let error = guard
+        .rebuild()
+        .await
+        .expect_err("a pass on a replica fails");
+    assert!(error.to_string().contains("replica"), "{error}");
+}
+
+/// A user on the Redis at `port` that may run everything but `INFO`, and
+/// a client logged in as it.
+fn without_info(port: u16) -> redis::Client {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let mut connection = client.get_connection().unwrap();
+    let () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER", "scanner", "on", "nopass", "~*", "&*", "+@all", "-info",
+            ][..],
+        )
+        .query(&mut connection)
+        .unwrap();
+    // `nopass` takes any password; without one the client sends no `AUTH`.
+    redis::Client::open(format!("redis://scanner:any@127.0.0.1:{port}/")).unwrap()
+}
+
 mod cluster {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
@@ -480,6 +514,23 @@ mod cluster {
             "{error}"
         );
         assert!(guard.is_warming());
+    }
+
+    /// The same where the user may not run `INFO`: the source asks
+    /// `CLUSTER NODES` whether the node is one of a cluster.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plain_source_on_one_cluster_node_fails_where_info_is_denied() {
+        let cluster = RedisCluster::start();
+        populate(&cluster).await;
+        let source = RedisSource::new(super::without_info(cluster.masters()[0]), "item:*");
+        let error = guard_from(source)
+            .rebuild()
+            .await
+            .expect_err("one node of a cluster is not the whole store");
+        assert!(
+            error.to_string().contains("RedisSource::cluster"),
+            "{error}"
+        );
     }
 
     /// A cluster of one master (one shard, as a managed service's cluster

@@ -193,8 +193,10 @@ impl Connection {
 /// one on a single node of a Redis Cluster reached as a plain Redis (its
 /// `SCAN` lists that node's slots only: use [`RedisSource::cluster`]; a
 /// cluster of one master serving every slot is read whole).
-/// Where `INFO` is denied, none of that is noticed. The user needs `SCAN`
-/// and `INFO` (and `CLUSTER NODES` and `CLUSTER SLOTS` on a cluster).
+/// Where `INFO` is denied, `ROLE` and `CLUSTER NODES` are asked instead, and
+/// a restart is noticed only by the connection failing; where those are
+/// denied too, a replica or a cluster node is not noticed. The user needs
+/// `SCAN` and `INFO` (and `CLUSTER NODES` and `CLUSTER SLOTS` on a cluster).
 ///
 /// ```no_run
 /// use bloomguard::{Guard, redis::RedisSource};
@@ -333,21 +335,28 @@ impl RedisSource {
         // `INFO` may name only one section before Redis 7).
         let info = redis::cmd("INFO");
         // Where INFO is denied (an ACL) or has no run id (a proxy), a restart
-        // goes unnoticed here, and so does a replica or a cluster node; the
-        // next SCAN on a plain node's connection fails on its own.
+        // goes unnoticed here (the next SCAN on a plain node's connection
+        // fails on its own); `ROLE` and `CLUSTER NODES` are asked instead
+        // whether the node is a replica or one of a cluster.
         let info = match self.query_on::<String>(node, &info).await {
-            Ok(info) => info,
+            Ok(info) => Some(info),
             Err(error) => {
                 tracing::debug!(%error, "INFO refused: a restart during the pass goes unnoticed");
-                String::new()
+                None
             }
         };
         let field = |name: &str| {
-            info.lines()
+            info.as_deref()?
+                .lines()
                 .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
                 .map(str::trim)
         };
-        if matches!(field("role"), Some("slave" | "replica")) {
+        let role = match field("role") {
+            Some(role) => Some(role.to_owned()),
+            None if info.is_none() => self.role(node).await,
+            None => None,
+        };
+        if matches!(role.as_deref(), Some("slave" | "replica")) {
             return Err(RedisError::from(std::io::Error::other(if node.is_some() {
                 "a master listed for the pass is a replica now (a failover in progress?); \
                  the rebuild is retried"
@@ -357,10 +366,18 @@ impl RedisSource {
             })));
         }
         let run_id = field("run_id").unwrap_or_default().to_owned();
-        if node.is_some() || field("redis_mode") == Some("cluster") {
-            let mut nodes = redis::cmd("CLUSTER");
-            nodes.arg("NODES");
-            let nodes: String = self.query_on(node, &nodes).await?;
+        let mut nodes = redis::cmd("CLUSTER");
+        nodes.arg("NODES");
+        let nodes: Option<String> = if node.is_some() || field("redis_mode") == Some("cluster") {
+            Some(self.query_on(node, &nodes).await?)
+        } else if info.is_none() {
+            // Refused on a plain Redis ("cluster support disabled"), or
+            // denied: either way nothing to check.
+            self.query_on(node, &nodes).await.ok()
+        } else {
+            None
+        };
+        if let Some(nodes) = nodes {
             let myself = nodes.lines().find(|line| {
                 line.split(' ')
                     .nth(2)
@@ -394,6 +411,19 @@ impl RedisSource {
             }
         }
         Ok(run_id)
+    }
+
+    /// The node's role by `ROLE` (`master`, `slave`), if it may be asked.
+    async fn role(&self, node: Option<&MasterNode>) -> Option<String> {
+        let reply: redis::Value = self.query_on(node, &redis::cmd("ROLE")).await.ok()?;
+        match reply {
+            redis::Value::Array(fields) => match fields.first()? {
+                redis::Value::BulkString(role) => String::from_utf8(role.clone()).ok(),
+                redis::Value::SimpleString(role) => Some(role.clone()),
+                _ => None,
+            },
+            _ => None,
+        }
     }
 
     /// [`serving_process`](Self::serving_process) of every node of a pass.

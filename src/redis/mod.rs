@@ -357,13 +357,13 @@ impl RedisSource {
             None => None,
         };
         if matches!(role.as_deref(), Some("slave" | "replica")) {
-            return Err(RedisError::from(std::io::Error::other(if node.is_some() {
+            return Err(not_trusted(if node.is_some() {
                 "a master listed for the pass is a replica now (a failover in progress?); \
                  the rebuild is retried"
             } else {
                 "the source reads a replica, which may lack writes its master took: \
                  point the RedisSource at the master"
-            })));
+            }));
         }
         let run_id = field("run_id").unwrap_or_default().to_owned();
         let mut nodes = redis::cmd("CLUSTER");
@@ -389,25 +389,25 @@ impl RedisSource {
             if let Some(planned) = node
                 && myself.and_then(|line| line.split(' ').next()) != Some(planned.id.as_str())
             {
-                return Err(RedisError::from(std::io::Error::other(
+                return Err(not_trusted(
                     "a master's address reached another node (the topology changed); \
                      the rebuild is retried",
-                )));
+                ));
             }
             // Only a node's own line shows its `[slot->-id]` / `[slot-<-id]`.
             if myself.is_some_and(|line| line.contains('[')) {
-                return Err(RedisError::from(std::io::Error::other(
+                return Err(not_trusted(
                     "a slot is migrating between masters: keys may move past the pass; \
                      the rebuild is retried",
-                )));
+                ));
             }
             // A cluster of one master (one shard) is read whole as a plain
             // Redis; any other node of a cluster lists its own slots only.
             if node.is_none() && myself.map_or(0, slots_served) != CLUSTER_SLOTS {
-                return Err(RedisError::from(std::io::Error::other(
+                return Err(not_trusted(
                     "the source reaches one node of a Redis Cluster, whose SCAN lists that \
                      node's slots only: use RedisSource::cluster",
-                )));
+                ));
             }
         }
         Ok(run_id)
@@ -457,11 +457,7 @@ impl RedisSource {
             .filter_map(|line| {
                 let fields: Vec<&str> = line.split(' ').collect();
                 let flags = fields.get(2)?;
-                let serving = flags.contains("master")
-                    && !flags.contains("fail")
-                    && !flags.contains("noaddr")
-                    && fields.len() > 8;
-                if !serving {
+                if !is_serving_master(flags) || fields.len() <= 8 {
                     return None;
                 }
                 let address = fields[1].split('@').next()?;
@@ -492,10 +488,10 @@ impl RedisSource {
             .map(slots_served)
             .fold(0u32, u32::saturating_add);
         if served != CLUSTER_SLOTS {
-            return Err(RedisError::from(std::io::Error::other(format!(
+            return Err(not_trusted(format!(
                 "{served} of the cluster's {CLUSTER_SLOTS} slots are served by a master the \
                  node asked knows of (a failover in progress?); the rebuild is retried"
-            ))));
+            )));
         }
         masters.sort_by(|a, b| a.1.cmp(&b.1));
         let fingerprint = masters
@@ -518,14 +514,25 @@ impl RedisSource {
     }
 }
 
+/// An error where Redis answered, but not so that the answer can be
+/// trusted: a pass that may have skipped keys, a short `MGET` reply.
+fn not_trusted(why: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> RedisError {
+    RedisError::from(std::io::Error::other(why))
+}
+
+/// Whether a `CLUSTER NODES` line's flags are a master's that serves: it
+/// has not failed and has an address.
+fn is_serving_master(flags: &str) -> bool {
+    flags.contains("master") && !flags.contains("fail") && !flags.contains("noaddr")
+}
+
 /// Hash slots in a Redis Cluster.
 const CLUSTER_SLOTS: u32 = 16_384;
 
 /// The slots a `CLUSTER NODES` line serves: none unless it is a master
 /// that has not failed and has an address.
 fn slots_served(line: &str) -> u32 {
-    let flags = line.split(' ').nth(2).unwrap_or("");
-    if !flags.contains("master") || flags.contains("fail") || flags.contains("noaddr") {
+    if !is_serving_master(line.split(' ').nth(2).unwrap_or("")) {
         return 0;
     }
     line.split(' ')
@@ -645,16 +652,16 @@ impl KeySource for RedisSource {
                     if let Some(before) = &pass.topology
                         && self.masters().await?.1 != *before
                     {
-                        return Err(RedisError::from(std::io::Error::other(
+                        return Err(not_trusted(
                             "the cluster's topology changed during the pass: some keys may have \
                              moved past it; the rebuild is retried",
-                        )));
+                        ));
                     }
                     if self.serving_processes(&pass.nodes).await? != pass.processes {
-                        return Err(RedisError::from(std::io::Error::other(
+                        return Err(not_trusted(
                             "Redis restarted during the pass (another run id): its cursor \
                              skipped keys; the rebuild is retried",
-                        )));
+                        ));
                     }
                 }
             }
@@ -788,10 +795,10 @@ impl RedisLoader {
         // A proxy's odd reply (nil, one string) reads as a short array: the
         // keys left over would read as not found.
         if values.len() != asked {
-            return Err(RedisError::from(std::io::Error::other(format!(
+            return Err(not_trusted(format!(
                 "MGET of {asked} keys answered {} values",
                 values.len()
-            ))));
+            )));
         }
         Ok(values)
     }

@@ -349,18 +349,13 @@ async fn ids_that_need_encoding_survive_writes_and_rebuilds_on_redis() {
     running.maintenance.shutdown().await;
 }
 
-/// The same source and loader over a real Redis Cluster (3 masters, 3
-/// replicas) that each test starts.
 /// A replica serves what its master sent it, asynchronously: a write the
 /// master took may be missing from the replica's `SCAN` for longer than any
 /// write settle, and a guard rebuilt from it answers `Absent` for it. A
 /// pass on a replica fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_on_a_replica_fails() {
-    let master = RedisServer::start();
-    master.populate(0..100);
-    let port = master.port.to_string();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let (_master, replica) = replica_of_a_populated_master();
     let guard = guard_over(
         &replica,
         RebuildPolicy::default().write_settle(Duration::ZERO),
@@ -377,10 +372,7 @@ async fn a_pass_on_a_replica_fails() {
 /// instead, and a pass on a replica still fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_on_a_replica_fails_where_info_is_denied() {
-    let master = RedisServer::start();
-    master.populate(0..100);
-    let port = master.port.to_string();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let (_master, replica) = replica_of_a_populated_master();
     let source = RedisSource::new(without_info(replica.port), "item:*").strip_prefix("item:");
     let guard = common::guard_from(source);
     let error = guard
@@ -388,6 +380,16 @@ async fn a_pass_on_a_replica_fails_where_info_is_denied() {
         .await
         .expect_err("a pass on a replica fails");
     assert!(error.to_string().contains("replica"), "{error}");
+}
+
+/// A master holding `item:0..100`, and a replica of it (still syncing,
+/// perhaps). Both are stopped when dropped.
+fn replica_of_a_populated_master() -> (RedisServer, RedisServer) {
+    let master = RedisServer::start();
+    master.populate(0..100);
+    let port = master.port.to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    (master, replica)
 }
 
 /// A user on the Redis at `port` that may run everything but `INFO`, and
@@ -407,6 +409,8 @@ fn without_info(port: u16) -> redis::Client {
     redis::Client::open(format!("redis://scanner:any@127.0.0.1:{port}/")).unwrap()
 }
 
+/// The same source and loader over a real Redis Cluster (3 masters, 3
+/// replicas) that each test starts.
 mod cluster {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};

@@ -1205,18 +1205,37 @@ fn durations_that_would_overflow_an_instant_are_refused_by_name() {
     drop(guard);
 }
 
-/// A source whose scan panics: a bug in user code, inside the maintenance task.
-struct PanickingSource;
+/// A source whose first scan panics (a bug in user code, inside the
+/// maintenance task); later ones list `keys`.
+struct PanicsOnce {
+    panicked: AtomicBool,
+    keys: Vec<Vec<u8>>,
+}
 
-impl KeySource for PanickingSource {
+impl PanicsOnce {
+    fn listing(keys: &[&str]) -> Self {
+        Self {
+            panicked: AtomicBool::new(false),
+            keys: keys.iter().map(|key| key.as_bytes().to_vec()).collect(),
+        }
+    }
+}
+
+impl KeySource for PanicsOnce {
     fn scan(&self) -> KeyStream<'_> {
-        panic!("a bug in the key source");
+        if !self.panicked.swap(true, Ordering::Relaxed) {
+            panic!("a bug in the key source, once");
+        }
+        Box::pin(futures_util::stream::iter([Ok(self.keys.clone())]))
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_maintenance_task_that_dies_says_so() {
-    let guard = Guard::builder().source(PanickingSource).build().unwrap();
+    let guard = Guard::builder()
+        .source(PanicsOnce::listing(&[]))
+        .build()
+        .unwrap();
     assert!(!guard.stats().maintenance_running);
     let maintenance = guard.spawn_maintenance();
     wait_until("the task to die", || maintenance.is_finished()).await;
@@ -1235,30 +1254,12 @@ async fn a_maintenance_task_that_dies_says_so() {
     assert!(!guard.stats().maintenance_running);
 }
 
-/// A source whose first scan panics; later ones list `keys`.
-struct PanicsOnce {
-    panicked: AtomicBool,
-    keys: Vec<Vec<u8>>,
-}
-
-impl KeySource for PanicsOnce {
-    fn scan(&self) -> KeyStream<'_> {
-        if !self.panicked.swap(true, Ordering::Relaxed) {
-            panic!("a bug in the key source, once");
-        }
-        Box::pin(futures_util::stream::iter([Ok(self.keys.clone())]))
-    }
-}
-
 /// The staleness check's queue belongs to the task running it: a task
 /// started after one that panicked must get it back, or absent answers are
 /// never verified again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_started_after_a_panic_still_checks_staleness() {
-    let guard = checked_for_staleness(PanicsOnce {
-        panicked: AtomicBool::new(false),
-        keys: vec![b"listed".to_vec()],
-    });
+    let guard = checked_for_staleness(PanicsOnce::listing(&["listed"]));
     let maintenance = guard.spawn_maintenance();
     wait_until("the task to die", || maintenance.is_finished()).await;
     assert!(maintenance.panicked());

@@ -11,16 +11,25 @@ pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 #[cfg(bloomguard_loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr};
 #[cfg(bloomguard_loom)]
-pub(crate) use loom::sync::{Mutex, MutexGuard};
+pub(crate) use loom::sync::Mutex;
 #[cfg(all(not(bloomguard_loom), feature = "guard"))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr};
 #[cfg(all(not(bloomguard_loom), feature = "guard"))]
-pub(crate) use std::sync::{Mutex, MutexGuard};
+pub(crate) use std::sync::Mutex;
 
 #[cfg(all(not(bloomguard_loom), feature = "guard"))]
 pub(crate) use process_barrier::{
     heavy as heavy_barrier, light as light_barrier, light_is_enough as light_barrier_is_enough,
 };
+
+/// Takes a lock whether or not an earlier holder panicked. Every lock in
+/// this crate guards data its holders leave whole (a value replaced in one
+/// assignment, a list pushed to or filtered, a histogram recorded into), so
+/// the poison carries nothing worth failing a check or a rebuild for.
+#[cfg(feature = "guard")]
+pub(crate) fn unpoisoned<G>(locked: std::sync::LockResult<G>) -> G {
+    locked.unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// What the reclaiming side's barrier ordered.
 #[cfg(feature = "guard")]

@@ -2,7 +2,7 @@
 //! [`LiveState`]: the only place that swaps them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
@@ -11,6 +11,7 @@ use super::sections::{self, Published, Record};
 use super::writes::WriteTracker;
 use crate::error::{FilterParameter, IncompatibleFilters};
 use crate::filter::{AtomicBloom, Probe};
+use crate::sync::unpoisoned;
 
 /// A loaded live set, held for one check or insert (arc-swap's `Guard`,
 /// named so that it is not confused with this crate's).
@@ -119,7 +120,7 @@ impl LiveState {
         if !self.writes.is_quiet() {
             return false;
         }
-        let mut earlier = lock(&self.earlier_writes);
+        let mut earlier = unpoisoned(self.earlier_writes.lock());
         earlier.retain(|writes| !writes.is_quiet());
         earlier.is_empty()
     }
@@ -127,7 +128,7 @@ impl LiveState {
     /// Starts sending inserts to a rebuild's shadow as well as to the live
     /// filters.
     pub(crate) fn install_shadow(&self, shadow: Arc<Shadow>) {
-        let _swap = lock(&self.swap_lock);
+        let _swap = unpoisoned(self.swap_lock.lock());
         let set = self.set.load();
         self.publish(set.with_shadow(Some(shadow)));
     }
@@ -137,7 +138,7 @@ impl LiveState {
     /// could not be merged into the shadow: committing would lose its keys.
     pub(crate) fn commit_shadow(&self, shadow: &Arc<Shadow>) -> bool {
         {
-            let _swap = lock(&self.swap_lock);
+            let _swap = unpoisoned(self.swap_lock.lock());
             if shadow
                 .missed_a_merge
                 .load(std::sync::atomic::Ordering::Relaxed)
@@ -158,7 +159,7 @@ impl LiveState {
     /// Stops sending inserts to `shadow`, if it is still installed.
     pub(crate) fn abandon_shadow(&self, shadow: &Arc<Shadow>) {
         {
-            let _swap = lock(&self.swap_lock);
+            let _swap = unpoisoned(self.swap_lock.lock());
             let set = self.set.load();
             if set.shadow.as_ref().is_some_and(|s| Arc::ptr_eq(s, shadow)) {
                 self.publish(set.with_shadow(None));
@@ -170,7 +171,7 @@ impl LiveState {
     }
 
     fn retire_writes(&self, shadow: &Shadow) {
-        lock(&self.earlier_writes).push(Arc::clone(&shadow.writes));
+        unpoisoned(self.earlier_writes.lock()).push(Arc::clone(&shadow.writes));
     }
 
     /// Keeps the newest `keep - 1` generations and opens the one `open`
@@ -185,7 +186,7 @@ impl LiveState {
         due: impl Fn(&Generation) -> bool,
         open: impl FnOnce() -> Generation,
     ) {
-        let _swap = lock(&self.swap_lock);
+        let _swap = unpoisoned(self.swap_lock.lock());
         let set = self.set.load();
         if set.warming || !set.newest().is_some_and(|newest| due(newest)) {
             return;
@@ -206,7 +207,7 @@ impl LiveState {
         max_generations: usize,
         open: impl FnOnce(usize) -> Option<Generation>,
     ) {
-        let _swap = lock(&self.swap_lock);
+        let _swap = unpoisoned(self.swap_lock.lock());
         let set = self.set.load();
         let still_newest = set.newest().is_some_and(|n| Arc::ptr_eq(n, full));
         if !still_newest {
@@ -236,7 +237,7 @@ impl LiveState {
         seed: u64,
         first: impl FnOnce(AtomicBloom) -> Generation,
     ) -> Result<(), IncompatibleFilters> {
-        let _swap = lock(&self.swap_lock);
+        let _swap = unpoisoned(self.swap_lock.lock());
         let set = self.set.load();
         match set.newest() {
             Some(newest) => newest.filter.union(&filter)?,
@@ -260,7 +261,7 @@ impl LiveState {
     /// fence; the filters stay as they are.
     #[cfg(feature = "redis")]
     pub(crate) fn set_fenced(&self, fenced: bool) {
-        let _swap = lock(&self.swap_lock);
+        let _swap = unpoisoned(self.swap_lock.lock());
         let set = self.set.load();
         if set.fenced != fenced {
             self.publish(LiveSet {
@@ -282,7 +283,7 @@ impl LiveState {
     /// skips. Where the geometry differs, its commit is refused instead.
     #[cfg(feature = "redis")]
     pub(crate) fn replace_fenced(&self, generations: Vec<Arc<Generation>>, covers_the_store: bool) {
-        let _swap = lock(&self.swap_lock);
+        let _swap = unpoisoned(self.swap_lock.lock());
         let set = self.set.load();
         if let Some(shadow) = &set.shadow {
             for generation in &generations {
@@ -303,14 +304,6 @@ impl std::fmt::Debug for LiveState {
             .field("writes", &self.writes)
             .finish_non_exhaustive()
     }
-}
-
-/// Locks `mutex`, whose data stays consistent whatever a panicking holder
-/// did (a unit, or a list only ever pushed to and filtered).
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// What a guard's queries and inserts see at one moment: swapped whole

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::stats::Counter;
 use super::{Guard, Inner, Lifecycle, RebuildError, Verdict, staleness::Verifier};
+use crate::sync::unpoisoned;
 use crate::task::StoppableTask;
 
 /// Outcomes since the last rebuild before an observed drift counts: fewer
@@ -258,11 +259,7 @@ impl Guard {
     /// whenever due).
     #[cfg(feature = "redis")]
     pub(crate) fn set_rebuild_turns(&self, turns: Option<Arc<dyn RebuildTurns>>) {
-        *self
-            .inner
-            .rebuild_turns
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = turns;
+        *unpoisoned(self.inner.rebuild_turns.lock()) = turns;
     }
 
     /// Marks the guard as followed by a fleet member; `false` when one
@@ -279,11 +276,7 @@ impl Guard {
     }
 
     fn rebuild_turns(&self) -> Option<Arc<dyn RebuildTurns>> {
-        self.inner
-            .rebuild_turns
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        unpoisoned(self.inner.rebuild_turns.lock()).clone()
     }
 }
 
@@ -463,11 +456,7 @@ impl LentVerifier {
     fn take(inner: &Arc<Inner>) -> Self {
         Self {
             guard: Arc::downgrade(inner),
-            verifier: inner
-                .verifier
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .take(),
+            verifier: unpoisoned(inner.verifier.lock()).take(),
         }
     }
 }
@@ -475,10 +464,7 @@ impl LentVerifier {
 impl Drop for LentVerifier {
     fn drop(&mut self) {
         if let (Some(inner), Some(verifier)) = (self.guard.upgrade(), self.verifier.take()) {
-            *inner
-                .verifier
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(verifier);
+            *unpoisoned(inner.verifier.lock()) = Some(verifier);
             // A task started meanwhile takes it at its next turn: now.
             inner.wake.notify_one();
         }

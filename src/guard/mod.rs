@@ -57,6 +57,7 @@ use tokio::sync::Notify;
 use crate::error::{ConfigError, IncompatibleFilters, StillWarming};
 use crate::filter::{AtomicBloom, FilterBuilder, MIN_FALSE_POSITIVE_RATE, hash_key};
 use crate::stats::ThreadCounters;
+use crate::sync::unpoisoned;
 pub use builder::GuardBuilder;
 use insert_clock::InsertClock;
 use live::{Generation, LiveSet, LiveState};
@@ -934,10 +935,7 @@ impl Guard {
     }
 
     fn history(&self) -> MutexGuard<'_, History> {
-        self.inner
-            .history
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        unpoisoned(self.inner.history.lock())
     }
 }
 

@@ -46,8 +46,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::sync::{
-    AtomicBool, AtomicPtr, AtomicU64, HeavyBarrier, Mutex, MutexGuard, Ordering, fence,
-    heavy_barrier, light_barrier, light_barrier_is_enough,
+    AtomicBool, AtomicPtr, AtomicU64, HeavyBarrier, Mutex, Ordering, fence, heavy_barrier,
+    light_barrier, light_barrier_is_enough, unpoisoned,
 };
 
 /// How long a swap waits for the sections open at the swap to end before it
@@ -435,7 +435,7 @@ impl<T> Published<T> {
     /// Makes `value` the one new sections read; the value it replaces is
     /// kept until a [`reclaim`](Self::reclaim) sees no section reading it.
     pub(crate) fn replace(&self, value: Arc<T>) {
-        let mut owned = lock(&self.owned);
+        let mut owned = unpoisoned(self.owned.lock());
         self.current
             .store(Arc::as_ptr(&value).cast_mut(), Ordering::Release);
         let replaced = std::mem::replace(&mut owned.current, value);
@@ -464,7 +464,7 @@ impl<T> Published<T> {
     /// Frees the replaced values no section can still read, waiting up to
     /// `wait` (`None`: as long as it takes) for the sections open now.
     pub(crate) fn reclaim(&self, wait: Option<Duration>) {
-        let mut owned = lock(&self.owned);
+        let mut owned = unpoisoned(self.owned.lock());
         // Every retired value was unpublished before the barrier this
         // waits behind, so once the sections open at it have ended, none
         // can be reading them.
@@ -476,15 +476,8 @@ impl<T> Published<T> {
     /// Replaced values not freed yet.
     #[cfg(test)]
     pub(crate) fn retired(&self) -> usize {
-        lock(&self.owned).retired.len()
+        unpoisoned(self.owned.lock()).retired.len()
     }
-}
-
-/// Owned values stay consistent whatever a panicking holder did.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(all(test, not(bloomguard_loom)))]

@@ -160,6 +160,7 @@ use tracing::Instrument;
 
 use super::Connection;
 use crate::guard::{Guard, MAX_DURATION, PendingWrite};
+use crate::sync::unpoisoned;
 use crate::task::StoppableTask;
 use membership::Renewal;
 use snapshot::SnapshotId;
@@ -1016,10 +1017,7 @@ impl FleetSync {
     }
 
     fn state(&self) -> MutexGuard<'_, MemberState> {
-        self.inner
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        unpoisoned(self.inner.state.lock())
     }
 
     /// The stream position this instance has applied up to.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 
 use super::{FleetSync, StreamPosition};
+use crate::sync::unpoisoned;
 
 /// Counts kept beside the member's state; none is touched by a check.
 pub(super) struct FleetCounters {
@@ -51,10 +52,7 @@ impl FleetCounters {
         let micros = u64::try_from(latency.as_micros())
             .unwrap_or(u64::MAX)
             .max(1);
-        self.acks
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .saturating_record(micros);
+        unpoisoned(self.acks.lock()).saturating_record(micros);
     }
 }
 
@@ -112,10 +110,7 @@ impl FleetSync {
                 state.replacements,
             )
         };
-        let acks = counters
-            .acks
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let acks = unpoisoned(counters.acks.lock());
         let quantile =
             |q: f64| (!acks.is_empty()).then(|| Duration::from_micros(acks.value_at_quantile(q)));
         FleetStats {

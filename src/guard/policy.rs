@@ -247,7 +247,9 @@ impl RebuildPolicy {
 
     /// How long after [`Guard::insert`](crate::Guard::insert) returns the
     /// caller's write may take to become visible in the store, at most
-    /// (default [`DEFAULT_WRITE_SETTLE`](Self::DEFAULT_WRITE_SETTLE)).
+    /// (default [`DEFAULT_WRITE_SETTLE`](Self::DEFAULT_WRITE_SETTLE)), as the
+    /// guard's source and loaders read it: where they read a replica, its
+    /// replication lag included.
     ///
     /// A rebuild starts taking inserts into both filters, waits for inserts
     /// and [`PendingWrite`](crate::PendingWrite)s begun before that to finish,
@@ -256,7 +258,8 @@ impl RebuildPolicy {
     /// store by the time the source is read. Writes that may take longer
     /// should hold a [`PendingWrite`](crate::PendingWrite) instead
     /// ([`Guard::insert_then_write`](crate::Guard::insert_then_write)).
-    /// Shorter than the [timeout](Self::timeout), which counts it.
+    /// Zero is right only where every write does. Shorter than the
+    /// [timeout](Self::timeout), which counts it.
     #[must_use]
     pub fn write_settle(mut self, settle: Duration) -> Self {
         self.write_settle = settle;

@@ -34,7 +34,13 @@
 //! [`GRACE_WAIT`] for them (a check takes nanoseconds), and a section held
 //! longer (its thread preempted mid-check, or a slow `as_ref` of a key type
 //! in `check_many`, which runs inside the section) defers the drop to the
-//! next swap or maintenance tick, never longer than that section.
+//! first swap or maintenance tick after that section ends (a guard with no
+//! maintenance task keeps it until its next swap).
+//!
+//! A child process made by `fork` copies every record, and one whose thread
+//! was inside a section stays open there for good: each swap in the child
+//! then waits [`GRACE_WAIT`] and keeps the set it replaced. A child should
+//! build its own guards after `exec`, as with any multi-threaded state.
 //!
 //! Sections nest: one opened inside another (a key's `as_ref` that checks a
 //! guard) opens nothing, and the outer one covers its reads.

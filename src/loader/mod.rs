@@ -326,6 +326,13 @@ where
     /// bring keys in without inserting each: they count as an insert of
     /// every key, so the cache asks again after each.
     ///
+    /// The backend must show a write within the write settle of its insert.
+    /// A backend that reads a replica shows it only once the replica has
+    /// applied it: with a lag longer than the settle, a miss read before
+    /// that would be remembered for `ttl` (where without the cache it would
+    /// last as long as the lag). Over a replica, set the write settle above
+    /// its lag, or keep the cache off.
+    ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
     /// use std::time::Duration;

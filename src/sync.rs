@@ -9,13 +9,13 @@ pub(crate) use std::sync::atomic::fence;
 pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 
 #[cfg(bloomguard_loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr};
-#[cfg(bloomguard_loom)]
 pub(crate) use loom::sync::Mutex;
-#[cfg(all(not(bloomguard_loom), feature = "guard"))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr};
+#[cfg(bloomguard_loom)]
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr};
 #[cfg(all(not(bloomguard_loom), feature = "guard"))]
 pub(crate) use std::sync::Mutex;
+#[cfg(all(not(bloomguard_loom), feature = "guard"))]
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr};
 
 #[cfg(all(not(bloomguard_loom), feature = "guard"))]
 pub(crate) use process_barrier::{

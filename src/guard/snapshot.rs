@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use xxhash_rust::xxh3::xxh3_64;
 
 use super::Guard;
 use super::live::Generation;
@@ -15,7 +16,11 @@ use crate::filter::AtomicBloom;
 
 /// `BGLS`: a bloomguard live set.
 const MAGIC: [u8; 4] = *b"BGLS";
-const VERSION: u8 = 1;
+/// 2: the whole set is checksummed (1 checked each filter's bytes only, and
+/// a window's age, a capacity or a rate could change unnoticed).
+const VERSION: u8 = 2;
+/// The xxh3-64 of every byte before it, at the end.
+const CHECKSUM_LEN: usize = 8;
 /// Filters a set may hold, at most: a grown guard's ceiling with room to spare,
 /// so that a forged count cannot make a reader loop or allocate for long.
 const MAX_FILTERS: usize = 1_024;
@@ -31,7 +36,7 @@ pub(crate) struct SnapshotFilter {
 
 /// Encodes `generations` (oldest first) as `[magic][version][count u32]`
 /// then, per filter, `[capacity u64][fp_rate f64][age_ms u64][len u64]
-/// [filter bytes]`, little-endian.
+/// [filter bytes]`, then the xxh3-64 of all of that, little-endian.
 fn encode(generations: &[Arc<Generation>]) -> Vec<u8> {
     let mut bytes = Vec::new();
     bytes.extend_from_slice(&MAGIC);
@@ -46,6 +51,8 @@ fn encode(generations: &[Arc<Generation>]) -> Vec<u8> {
         bytes.extend_from_slice(&(encoded.len() as u64).to_le_bytes());
         bytes.extend_from_slice(&encoded);
     }
+    let checksum = xxh3_64(&bytes);
+    bytes.extend_from_slice(&checksum.to_le_bytes());
     bytes
 }
 
@@ -55,17 +62,9 @@ pub(crate) struct LiveSnapshot {
 }
 
 impl LiveSnapshot {
-    pub(crate) fn from_bytes(mut bytes: &[u8]) -> Result<Self, DecodeError> {
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut bytes = checked_content(bytes)?;
         let header = take(&mut bytes, MAGIC.len() + 1 + 4)?;
-        if header[..4] != MAGIC {
-            return Err(DecodeError::BadMagic);
-        }
-        if header[4] != VERSION {
-            return Err(DecodeError::UnsupportedVersion {
-                found: u16::from(header[4]),
-                supported: u16::from(VERSION),
-            });
-        }
         let count = u32::from_le_bytes(header[5..9].try_into().expect("4 bytes")) as usize;
         if count == 0 || count > MAX_FILTERS {
             return Err(DecodeError::InvalidHeader("filter count out of range"));
@@ -92,6 +91,28 @@ impl LiveSnapshot {
         }
         Ok(Self { filters })
     }
+}
+
+/// `bytes` without their checksum, once it matches. The magic and version
+/// are looked at first, so that other input and older sets say what they are.
+fn checked_content(bytes: &[u8]) -> Result<&[u8], DecodeError> {
+    if bytes.len() < MAGIC.len() + 1 + CHECKSUM_LEN {
+        return Err(DecodeError::Truncated);
+    }
+    if bytes[..MAGIC.len()] != MAGIC {
+        return Err(DecodeError::BadMagic);
+    }
+    if bytes[MAGIC.len()] != VERSION {
+        return Err(DecodeError::UnsupportedVersion {
+            found: u16::from(bytes[MAGIC.len()]),
+            supported: u16::from(VERSION),
+        });
+    }
+    let (content, checksum) = bytes.split_at(bytes.len() - CHECKSUM_LEN);
+    if xxh3_64(content) != u64::from_le_bytes(checksum.try_into().expect("8 bytes")) {
+        return Err(DecodeError::ChecksumMismatch);
+    }
+    Ok(content)
 }
 
 fn take<'a>(bytes: &mut &'a [u8], len: usize) -> Result<&'a [u8], DecodeError> {
@@ -427,6 +448,65 @@ mod tests {
             Some(()),
             "a fenced guard's joined call took a not-found older than a completed write"
         );
+    }
+
+    /// A window's age, a capacity or a rate lies outside the filters' own
+    /// checksums: a changed age alone would have an adopter rotate at once
+    /// and drop a generation still inside its window.
+    #[test]
+    fn a_changed_bit_anywhere_in_the_set_is_refused() {
+        let guard = Guard::builder()
+            .expected_items(100)
+            .seed(9)
+            .lifecycle(Lifecycle::Rotate {
+                generations: 2,
+                period: Duration::from_secs(3_600),
+            })
+            .build()
+            .unwrap();
+        guard.insert("old");
+        guard.rotate().unwrap();
+        guard.insert("new");
+        let bytes = guard.encode_live_set().unwrap();
+        let mut changed = bytes.clone();
+        for at in 0..bytes.len() {
+            for bit in [0x01_u8, 0x40] {
+                changed[at] ^= bit;
+                assert!(
+                    LiveSnapshot::from_bytes(&changed).is_err(),
+                    "bit {bit:#04x} of byte {at} (of {}) changed, and the set still decoded",
+                    bytes.len()
+                );
+                changed[at] ^= bit;
+            }
+        }
+    }
+
+    /// What a set's capacities add up to saturates: a set decoded from a
+    /// trusted writer that sized its filters for "unbounded" must not make
+    /// `stats()` overflow.
+    #[test]
+    fn capacities_that_add_past_u64_saturate_in_stats() {
+        let generation = |seed| SnapshotFilter {
+            filter: AtomicBloom::with_seed(100, 0.01, seed).unwrap(),
+            capacity: u64::MAX,
+            fp_rate: 0.01,
+            age: Duration::ZERO,
+        };
+        let guard = Guard::builder()
+            .expected_items(100)
+            .seed(9)
+            .lifecycle(Lifecycle::Rotate {
+                generations: 2,
+                period: Duration::from_secs(3_600),
+            })
+            .build()
+            .unwrap();
+        let snapshot = LiveSnapshot {
+            filters: vec![generation(9), generation(9)],
+        };
+        guard.replace_from_snapshot(snapshot, true, false).unwrap();
+        assert_eq!(guard.stats().capacity, u64::MAX);
     }
 
     #[test]

@@ -297,7 +297,7 @@ impl Guard {
         for generation in &live.generations {
             let filter = generation.filter.stats();
             estimated_items += filter.estimated_items;
-            capacity += generation.capacity;
+            capacity = generation.capacity.saturating_add(capacity);
             all_clear *= 1.0 - filter.estimated_fpr;
         }
         let estimated_fpr = if live.generations.is_empty() {

@@ -5,10 +5,17 @@
 //! Kept by hand (no crate measures per-thread peaks this way): a test binary
 //! installs it with `#[global_allocator] static A: AllocMeter = AllocMeter;`
 //! and wraps the code under test in [`measure`].
+//!
+//! Asked to ([`zero_large_blocks_when_freed`]), it also zeroes every block
+//! of a page or more before freeing it: a check that reads a filter after it
+//! was freed then finds no bit set and answers `Absent`, which the tests
+//! assert against. Without that, a freed filter usually keeps its bits (the
+//! system allocator leaves a large block as it was, or hands it to the next
+//! filter of the same keys), and such a read answers right by luck.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 
 /// Forwards to the system allocator, counting on the measuring thread.
 #[derive(Debug)]
@@ -37,6 +44,16 @@ thread_local! {
 /// Bytes held by the whole process through this allocator, every thread.
 static PROCESS_LIVE: AtomicIsize = AtomicIsize::new(0);
 
+/// Whether blocks of [`ZEROED_FROM`] bytes or more are zeroed before they are freed.
+static ZERO_LARGE_BLOCKS: AtomicBool = AtomicBool::new(false);
+const ZEROED_FROM: usize = 4_096;
+
+/// From now on, blocks of a page or more are zeroed before they are freed.
+#[allow(dead_code)] // not every binary that installs the meter frees filters under checks
+pub(crate) fn zero_large_blocks_when_freed() {
+    ZERO_LARGE_BLOCKS.store(true, Ordering::Relaxed);
+}
+
 /// The bytes every thread holds now through the meter (since the binary began).
 pub(crate) fn process_live_bytes() -> isize {
     PROCESS_LIVE.load(Ordering::Relaxed)
@@ -54,8 +71,9 @@ fn note(allocations: usize, bytes: isize) {
     });
 }
 
-// SAFETY: every call is forwarded to the system allocator unchanged; the only
-// addition is a thread-local counter, which does not allocate.
+// SAFETY: every call is forwarded to the system allocator unchanged; the
+// additions are a thread-local counter, which does not allocate, and zeroing
+// a block the caller is freeing.
 unsafe impl GlobalAlloc for AllocMeter {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         note(1, layout.size() as isize);
@@ -71,6 +89,11 @@ unsafe impl GlobalAlloc for AllocMeter {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         note(0, -(layout.size() as isize));
+        if layout.size() >= ZEROED_FROM && ZERO_LARGE_BLOCKS.load(Ordering::Relaxed) {
+            // SAFETY: the caller owns the block's `layout.size()` bytes until
+            // it is freed below.
+            unsafe { ptr.write_bytes(0, layout.size()) };
+        }
         // SAFETY: same contract as the caller's.
         unsafe { System.dealloc(ptr, layout) }
     }

@@ -88,7 +88,10 @@ fn query() -> libc::c_long {
 }
 
 /// A guard over 20,000 stored keys that a test swaps under checks, sized
-/// so that each replaced filter shows in the process's live bytes.
+/// so that each replaced filter shows in the process's live bytes. Its
+/// binary installs [`AllocMeter`](super::alloc_meter::AllocMeter), which
+/// zeroes a filter as it is freed, so that a check reading one after that
+/// answers `Absent` for a stored key.
 pub(crate) struct SwappedGuard {
     pub(crate) guard: bloomguard::Guard,
     pub(crate) stored: Vec<String>,
@@ -101,6 +104,7 @@ pub(crate) struct SwappedGuard {
 impl SwappedGuard {
     /// Built and serving (one rebuild done).
     pub(crate) fn new() -> Self {
+        super::alloc_meter::zero_large_blocks_when_freed();
         let stored = super::keys(0, 20_000);
         let listed = stored.clone();
         let guard = bloomguard::Guard::builder()

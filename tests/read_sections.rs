@@ -1,0 +1,68 @@
+//! Checks under swaps on the path a Linux process takes when it can:
+//! `membarrier(2)` on the swapping side, and read sections that do not fence.
+//! A binary of its own, so that no other test in it changes which path the
+//! process picks (`no_membarrier.rs` and `membarrier_revoked.rs` take the
+//! others).
+
+#![cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    feature = "guard"
+))]
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use common::StopOnDrop;
+use common::alloc_meter::{AllocMeter, process_live_bytes};
+use common::membarrier::{SwappedGuard, membarrier_refused, require_private_expedited};
+
+#[global_allocator]
+static ALLOCATOR: AllocMeter = AllocMeter;
+
+const SWAPS: usize = 60;
+/// More checkers than cores, so that some are preempted mid-section and a
+/// swap finds sections it must wait for or leave to the next one.
+const CHECKERS: usize = 4;
+
+/// Four threads check stored keys while the live filter is swapped 60
+/// times under them. A replaced filter is zeroed as it is freed (the test's
+/// allocator), so a check that read one after that would answer `Absent`:
+/// none does, and the replaced filters are freed rather than kept.
+#[test]
+fn checks_under_swaps_never_read_a_freed_filter_and_replaced_filters_are_freed() {
+    require_private_expedited();
+    let swapped = SwappedGuard::new();
+    swapped.swap(1);
+    let before = process_live_bytes();
+
+    let stop = AtomicBool::new(false);
+    let checked = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for checker in 0..CHECKERS {
+            let first = checker * swapped.stored.len() / CHECKERS;
+            let (swapped, stop, checked) = (&swapped, &stop, &checked);
+            scope.spawn(move || {
+                let count = swapped.check_until(first, stop, || {});
+                checked.fetch_add(count, Ordering::Relaxed);
+            });
+        }
+        let _stop = StopOnDrop(&stop);
+        swapped.swap(SWAPS);
+    });
+    swapped.swap(1);
+    let grown = process_live_bytes() - before;
+
+    assert!(
+        !membarrier_refused(),
+        "membarrier stopped answering: the path under test was not the one taken"
+    );
+    assert!(checked.load(Ordering::Relaxed) > 0);
+    assert_eq!(swapped.guard.stats().swaps as usize, SWAPS + 3);
+    let filter_bytes = swapped.filter_bytes;
+    assert!(
+        grown < 2 * filter_bytes,
+        "{grown} bytes more after {SWAPS} swaps of a {filter_bytes}-byte filter"
+    );
+}

@@ -252,8 +252,14 @@ pub enum RebuildError {
     NoSource,
     /// The source failed.
     Source(SourceError),
-    /// The rebuild ran past its timeout (waiting for earlier writes included).
+    /// The rebuild ran past its timeout.
     TimedOut(Duration),
+    /// The rebuild ran past its timeout still waiting for inserts and
+    /// [`PendingWrite`](crate::PendingWrite)s begun before it: one is held
+    /// open longer than that (a `PendingWrite` kept alive by mistake, or a
+    /// request under an [`InsertLayer`](crate::InsertLayer) that takes that
+    /// long). Every rebuild fails this way until it closes.
+    WritesStillOpen(Duration),
     /// The new filter could not be sized (over the memory budget).
     Config(ConfigError),
     /// A filter was merged into the guard ([`Guard::merge_filter`](crate::Guard::merge_filter)),
@@ -273,6 +279,11 @@ impl fmt::Display for RebuildError {
             Self::NoSource => f.write_str("the guard has no key source to rebuild from"),
             Self::Source(error) => write!(f, "rebuild failed: {error}"),
             Self::TimedOut(timeout) => write!(f, "rebuild timed out after {timeout:?}"),
+            Self::WritesStillOpen(timeout) => write!(
+                f,
+                "rebuild timed out after {timeout:?} waiting for writes begun before it \
+                 (a PendingWrite or an InsertLayer request still open)"
+            ),
             Self::Config(error) => write!(f, "rebuild cannot size the new filter: {error}"),
             Self::MergedDuringRebuild => f.write_str(
                 "a filter was merged into the guard during the rebuild; the rebuilt filter would lose its keys",
@@ -287,9 +298,11 @@ impl std::error::Error for RebuildError {
         match self {
             Self::Source(error) => Some(error),
             Self::Config(error) => Some(error),
-            Self::NoSource | Self::TimedOut(_) | Self::MergedDuringRebuild | Self::Cancelled => {
-                None
-            }
+            Self::NoSource
+            | Self::TimedOut(_)
+            | Self::WritesStillOpen(_)
+            | Self::MergedDuringRebuild
+            | Self::Cancelled => None,
         }
     }
 }

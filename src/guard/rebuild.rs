@@ -17,7 +17,7 @@
 //! shadow and leaves the live filters serving.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use futures_util::StreamExt;
@@ -101,14 +101,30 @@ impl Guard {
         };
         let timeout = self.inner.rebuild_policy.timeout;
         let span = tracing::info_span!("bloomguard.rebuild", guard = %self.inner.name);
-        let result = tokio::time::timeout(timeout, self.build_from(source.as_ref()))
-            .instrument(span.clone())
-            .await
-            .unwrap_or(Err(RebuildError::TimedOut(timeout)));
+        let waiting_for_writes = AtomicBool::new(false);
+        let result = tokio::time::timeout(
+            timeout,
+            self.build_from(source.as_ref(), &waiting_for_writes),
+        )
+        .instrument(span.clone())
+        .await
+        .unwrap_or_else(|_| {
+            Err(if waiting_for_writes.load(Ordering::Relaxed) {
+                RebuildError::WritesStillOpen(timeout)
+            } else {
+                RebuildError::TimedOut(timeout)
+            })
+        });
         span.in_scope(|| attempt.finish(result))
     }
 
-    async fn build_from(&self, source: &dyn KeySource) -> Result<Built, RebuildError> {
+    /// Says in `waiting_for_writes` while it waits for earlier writes, so
+    /// that a timeout there can name them.
+    async fn build_from(
+        &self,
+        source: &dyn KeySource,
+        waiting_for_writes: &AtomicBool,
+    ) -> Result<Built, RebuildError> {
         let fp_rate = self.first_filter_rate();
         let mut capacity = self.first_guess_capacity();
         for pass in 1..=MAX_PASSES {
@@ -122,7 +138,9 @@ impl Guard {
                 missed_a_merge: AtomicBool::new(false),
             });
             let installed = Installed::new(self, Arc::clone(&shadow));
+            waiting_for_writes.store(true, Ordering::Relaxed);
             self.wait_for_earlier_writes().await;
+            waiting_for_writes.store(false, Ordering::Relaxed);
             tokio::time::sleep(self.inner.rebuild_policy.write_settle).await;
             let stale_so_far = self.inner.stale.so_far();
             let keys = stream_into(&shadow.generation.filter, source).await?;
@@ -279,7 +297,9 @@ impl Attempt<'_> {
             Ok(built) => (RebuildOutcome::Succeeded, Some(built), None),
             Err(error) => {
                 let outcome = match error {
-                    RebuildError::TimedOut(_) => RebuildOutcome::TimedOut,
+                    RebuildError::TimedOut(_) | RebuildError::WritesStillOpen(_) => {
+                        RebuildOutcome::TimedOut
+                    }
                     _ => RebuildOutcome::Failed,
                 };
                 (outcome, None, Some(error))

@@ -77,8 +77,9 @@ impl std::fmt::Debug for WriteTracker {
 /// A key inserted into the guard whose write to the store is still in
 /// progress; drop it once the write is visible. While it lives, a rebuild
 /// that could miss the write waits before it reads the source (up to its
-/// timeout), so the key is in the rebuilt filter whether the scan sees the
-/// write or not.
+/// timeout, then it fails with
+/// [`RebuildError::WritesStillOpen`](crate::RebuildError::WritesStillOpen)),
+/// so the key is in the rebuilt filter whether the scan sees the write or not.
 ///
 /// Made by [`Guard::begin_write`](crate::Guard::begin_write); most code uses
 /// [`Guard::insert_then_write`](crate::Guard::insert_then_write) instead. It

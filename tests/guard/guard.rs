@@ -373,6 +373,35 @@ async fn a_hanging_source_times_out_and_a_later_rebuild_succeeds() {
     assert_all_present(&guard, &initial, "after a later rebuild");
 }
 
+/// A write held open past the rebuild's timeout (a `PendingWrite` leaked,
+/// or a slow request under an `InsertLayer`) fails every rebuild; the error
+/// says so, rather than leaving a timed-out source to blame.
+#[tokio::test(start_paused = true)]
+async fn a_write_held_open_past_the_timeout_is_named_in_the_error() {
+    let initial = keys(0, 1_000);
+    let store = store_with(&initial);
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .source(source_of(&store))
+        .rebuild_policy(RebuildPolicy::default().timeout(Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    guard.rebuild().await.unwrap();
+
+    let held = guard.begin_write("held");
+    let error = guard.rebuild().await.unwrap_err();
+    assert!(
+        error.to_string().contains("writes begun before it"),
+        "{error}"
+    );
+    assert!(matches!(error, RebuildError::WritesStillOpen(_)), "{error}");
+    assert_eq!(guard.stats().rebuilds.timed_out, 1);
+
+    drop(held);
+    guard.rebuild().await.unwrap();
+    assert_all_present(&guard, &initial, "after the write closed");
+}
+
 #[tokio::test]
 async fn a_dropped_rebuild_is_counted_as_cancelled() {
     let initial = keys(0, 50_000);

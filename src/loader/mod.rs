@@ -139,6 +139,10 @@ pub type Loaded<V, E> = Result<Option<V>, Arc<E>>;
 /// `None` without a backend call, the rest are loaded (with concurrent loads
 /// of one key coalesced) and their outcome feeds the guard's statistics.
 ///
+/// The guard sees a key as its bytes (`K: AsRef<[u8]>`), the coalescing as
+/// `K`'s `Eq` and `Hash`: two keys equal as `K` must have the same bytes, or
+/// one caller could be handed the other's answer.
+///
 /// Cheap to clone (an `Arc` inside). See the [module docs](self).
 pub struct GuardedLoader<K, L: Loader<K>> {
     inner: Arc<Inner<K, L>>,

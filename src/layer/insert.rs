@@ -45,7 +45,11 @@ use crate::guard::{Guard, PendingWrite};
 /// `PathKey` keys a write at any nest level and through the rewrites it
 /// can see (see its "Nests, rewrites, and the two sides"). A stored item
 /// whose write was not keyed is answered 404 until a rebuild from the
-/// store picks it up.
+/// store picks it up. That includes an id the server makes up (a `POST
+/// /items` that answers with the new item's id): no request names it, so
+/// the handler inserts it
+/// ([`Guard::insert_then_write`](crate::Guard::insert_then_write)) before
+/// it writes.
 ///
 /// **One instance only.** The insert goes into this process's guard. In a
 /// fleet of instances sharing a store, the others' guards never see it and

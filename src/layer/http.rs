@@ -224,10 +224,12 @@ impl PathKey {
 
     /// Only requests of this method have a key; others pass through.
     ///
-    /// Without it every method has one: a [`GuardLayer`] keyed so would
-    /// answer 404 to the `POST` or `PUT` that creates a new id. Give the
-    /// guard layer's key `.method(Method::GET)` (and the [`InsertLayer`]'s
-    /// the write method).
+    /// Without it, a [`GuardLayer`] guards the reads, `GET` and `HEAD`, and
+    /// lets every other method through: it cannot know whether a `PUT`
+    /// creates the id, and a `DELETE` or a CORS preflight must reach the
+    /// handler whatever the filter holds. An [`InsertLayer`] without it
+    /// inserts for every method (a needless insert costs a false positive,
+    /// a missed one a wrong 404): give it the write method.
     ///
     /// [`InsertLayer`]: crate::InsertLayer
     #[must_use]
@@ -384,7 +386,18 @@ enum Prefix {
 }
 
 impl PathKey {
-    fn is_method_of<B>(&self, request: &Request<B>) -> bool {
+    /// Whether a guard may answer `request`: of the method given, or
+    /// without one, a read.
+    fn reads<B>(&self, request: &Request<B>) -> bool {
+        match &self.method {
+            Some(method) => method == request.method(),
+            None => matches!(*request.method(), Method::GET | Method::HEAD),
+        }
+    }
+
+    /// Whether an insert layer inserts for `request`: of the method given,
+    /// or without one, whatever its method.
+    fn writes<B>(&self, request: &Request<B>) -> bool {
         self.method.as_ref().is_none_or(|m| m == request.method())
     }
 
@@ -413,7 +426,7 @@ impl<B> HttpKey<B> for PathKey {
     /// matched route, the whole path is the template.
     #[inline]
     fn key<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
-        if !self.is_method_of(request) {
+        if !self.reads(request) {
             return None;
         }
         // A router's layer wraps its static routes too: `/items/featured`
@@ -465,7 +478,7 @@ impl<B> HttpKey<B> for PathKey {
     /// (`POST /items/featured`, `/users/7/items/42`) only costs a false
     /// positive.
     fn write_keys<'r>(&self, request: &'r Request<B>) -> [Option<Cow<'r, str>>; 2] {
-        if !self.is_method_of(request) {
+        if !self.writes(request) {
             return [None, None];
         }
         let seen = request.uri().path();
@@ -544,10 +557,11 @@ impl<B, ResBody, K: HttpKey<B>> GuardPolicy<Request<B>, Response<ResBody>>
         response
     }
 
-    /// 2xx: found; 404: not found; anything else says neither.
+    /// 2xx, and 304 (the client's copy of the item is current): found;
+    /// 404: not found; anything else says neither.
     fn found(&self, response: &Response<ResBody>) -> Option<bool> {
         let status = response.status();
-        if status.is_success() {
+        if status.is_success() || status == StatusCode::NOT_MODIFIED {
             Some(true)
         } else if status == StatusCode::NOT_FOUND {
             Some(false)
@@ -574,7 +588,7 @@ impl<K, ResBody> GuardLayer<HttpPolicy<K, ResBody>> {
     /// `key` picks the key of a request (usually a [`PathKey`]), and a key
     /// the guard rules out is answered 404 with an empty body, without
     /// calling the service. After `MaybePresent`, a 404 from the service
-    /// counts as a false positive and a 2xx as found.
+    /// counts as a false positive and a 2xx or a 304 as found.
     ///
     /// ```
     /// use axum::{Router, extract::Path, http::Method, routing::get};

@@ -20,6 +20,13 @@
 //! For the write path, [`InsertLayer`] inserts a request's key before the
 //! inner service writes it (the ordering rule of the [guard](crate::guard)).
 //!
+//! Where the guard layer sits decides what its answer skips. Outside an
+//! authentication layer, it answers an absent id 404 before the 401 a
+//! stored one gets, which tells anyone which ids exist; outside a CORS or
+//! caching layer, its 404 lacks their headers. Add it after those (in
+//! axum, `.layer` calls run last-added first), as the innermost layer of
+//! the route.
+//!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! use bloomguard::{Guard, GuardLayer};

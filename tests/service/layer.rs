@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bloomguard::layer::PathKey;
-use bloomguard::{Guard, GuardLayer, InsertLayer, Verdict};
+use bloomguard::{Guard, GuardLayer, InsertLayer, Verdict, Verify};
 use http::{Method, Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 
@@ -155,6 +155,79 @@ async fn http_form_answers_404_and_classifies_responses() {
     assert_eq!(other.status(), StatusCode::NOT_FOUND);
     assert_eq!(guard.stats().checks.total(), checks);
     assert_eq!(calls.load(Ordering::SeqCst), 4);
+}
+
+/// A `PathKey` given no method keys reads only: the guard cannot know
+/// whether a `PUT` creates the id (an upsert), and a `DELETE` or a CORS
+/// preflight must reach the handler whatever the filter holds.
+#[tokio::test]
+async fn without_a_method_only_reads_are_guarded() {
+    let guard = guard_with(&["x"]);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let service = GuardLayer::for_http(guard.clone(), PathKey::route("/items/{id}"))
+        .verify(Verify::Sample(0.01), || {
+            Response::new(String::from("trusted as present"))
+        })
+        .unwrap()
+        .layer(http_backend(Arc::clone(&calls)));
+    let request = |method: Method, path: &str| {
+        Request::builder()
+            .method(method)
+            .uri(path)
+            .body(String::new())
+            .unwrap()
+    };
+
+    // Reads are guarded: an absent id is answered here.
+    for method in [Method::GET, Method::HEAD] {
+        let response = service
+            .clone()
+            .oneshot(request(method.clone(), "/items/new"))
+            .await
+            .unwrap();
+        assert!(response.body().is_empty(), "{method} answered by the guard");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+
+    // An upsert of a new id, a delete of a maybe-present one (which a
+    // sampled verify would answer "present" without running it), a
+    // preflight: each reaches the handler.
+    for (method, path) in [
+        (Method::PUT, "/items/new"),
+        (Method::DELETE, "/items/x"),
+        (Method::OPTIONS, "/items/new"),
+        (Method::POST, "/items/new"),
+    ] {
+        let before = calls.load(Ordering::SeqCst);
+        let response = service
+            .clone()
+            .oneshot(request(method.clone(), path))
+            .await
+            .unwrap();
+        assert_eq!(response.body(), "from the backend", "{method} {path}");
+        assert_eq!(calls.load(Ordering::SeqCst), before + 1, "{method} {path}");
+    }
+}
+
+/// A 304 says the client's copy of the item is current: the item exists.
+/// After an `Absent`, shadow mode counts it as a would-be false negative.
+#[tokio::test]
+async fn a_not_modified_answer_counts_as_found() {
+    let guard = guard_with(&[]);
+    let not_modified = service_fn(|_request: Request<Body>| async {
+        let mut response = Response::new(String::new());
+        *response.status_mut() = StatusCode::NOT_MODIFIED;
+        Ok::<_, Infallible>(response)
+    });
+    let service = GuardLayer::for_http(
+        guard.clone(),
+        PathKey::route("/items/{id}").method(Method::GET),
+    )
+    .shadow()
+    .layer(not_modified);
+    let response = service.oneshot(get("/items/cached")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_MODIFIED);
+    assert_eq!(guard.stats().would_be_false_negatives, 1);
 }
 
 #[tokio::test]

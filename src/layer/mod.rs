@@ -23,9 +23,9 @@
 //! Where the guard layer sits decides what its answer skips. Outside an
 //! authentication layer, it answers an absent id 404 before the 401 a
 //! stored one gets, which tells anyone which ids exist; outside a CORS or
-//! caching layer, its 404 lacks their headers. Add it after those (in
-//! axum, `.layer` calls run last-added first), as the innermost layer of
-//! the route.
+//! caching layer, its 404 lacks their headers. Make it the innermost:
+//! axum runs the last `.layer` added first, so add the guard's before
+//! theirs (`.layer(guard).layer(cors).layer(auth)`).
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {

@@ -58,13 +58,26 @@ fn run(args: seen_items::Args) -> seen_items::report::Outcome {
         .unwrap_or_else(|error| panic!("the demo failed: {error}"))
 }
 
+/// The run met what a false negative needs to show: answers for items the
+/// store held (the run fails on one answered unseen), and a sweep of the
+/// held items over every guard at its end (the same).
+fn assert_the_audit_had_something_to_catch(guarded: &seen_items::replay::Phase) {
+    assert!(
+        guarded.audited_seen >= 1_000,
+        "{} answers audited for items the store held",
+        guarded.audited_seen
+    );
+    assert!(
+        guarded.swept >= 5_000,
+        "{} held items swept over the guards",
+        guarded.swept
+    );
+}
+
 fn assert_the_gate_pays_off(outcome: &seen_items::report::Outcome) {
     let guarded = &outcome.guarded;
     assert!(guarded.requests >= 4_000, "{} requests", guarded.requests);
-    assert_eq!(
-        guarded.audited_checks, guarded.checks,
-        "every check was audited"
-    );
+    assert_the_audit_had_something_to_catch(guarded);
     assert!(
         outcome.avoided() >= 0.95,
         "only {:.3} of the lookups avoided",
@@ -170,7 +183,7 @@ fn rotation_forgets_no_key_the_store_still_holds() {
         &["--lifecycle", "rotate", "--window", "1s", "--no-baseline"],
     ));
     let guarded = &outcome.guarded;
-    assert_eq!(guarded.audited_checks, guarded.checks);
+    assert_the_audit_had_something_to_catch(guarded);
     let rotations = guarded.events.iter().filter(|event| !event.rebuild).count();
     assert!(
         rotations >= 2,
@@ -246,11 +259,7 @@ fn the_gate_runs_against_a_real_redis_cluster() {
         &["--redis-cluster-urls", &urls, "--no-baseline"],
     ));
     let guarded = &outcome.guarded;
-    assert!(
-        guarded.audited_checks > 100_000,
-        "{}",
-        guarded.audited_checks
-    );
+    assert_the_audit_had_something_to_catch(guarded);
     assert!(
         guarded.store_calls <= guarded.requests,
         "at most one MGET per request, split by the cluster connection"
@@ -281,16 +290,16 @@ fn the_gate_runs_against_a_real_redis_cluster() {
 /// the work, and every write batch was acknowledged by the fleet.
 fn assert_three_instances_ran_as_one_fleet(outcome: &seen_items::report::Outcome) {
     let guarded = &outcome.guarded;
-    assert!(
-        guarded.audited_checks > 100_000,
-        "{}",
-        guarded.audited_checks
-    );
+    assert_the_audit_had_something_to_catch(guarded);
     let fleet = guarded.fleet.as_ref().expect("the fleet's figures");
     assert_eq!(fleet.instances, 3);
     assert!(
         fleet.acknowledgements.len() as u64 >= guarded.written / 512,
         "every write batch was acknowledged"
+    );
+    assert!(
+        guarded.events.iter().any(|event| event.rebuild),
+        "the first instance rebuilt, or took another member's rebuilt set"
     );
 }
 
@@ -321,7 +330,7 @@ fn sampled_verification_trusts_most_positives_and_measures_what_it_hides() {
         &["--verify", "sample:0.01", "--no-baseline"],
     ));
     let guarded = &outcome.guarded;
-    assert_eq!(guarded.audited_checks, guarded.checks);
+    assert_the_audit_had_something_to_catch(guarded);
     let lookups_per_request = guarded.store_keys as f64 / guarded.requests as f64;
     assert!(
         lookups_per_request < 0.5,
@@ -352,7 +361,7 @@ fn without_verification_the_store_is_never_asked() {
     let outcome = run(small_run(&chart, &["--verify", "none", "--no-baseline"]));
     let guarded = &outcome.guarded;
     assert_eq!(guarded.store_keys, 0);
-    assert_eq!(guarded.audited_checks, guarded.checks);
+    assert_the_audit_had_something_to_catch(guarded);
     let hidden = guarded.hidden_rate().unwrap();
     assert!(hidden > 0.0 && hidden <= 0.02, "hidden {hidden}");
     assert!(guarded.estimated_over_filtering.is_some());
@@ -381,7 +390,7 @@ fn a_cold_start_builds_from_an_empty_store_and_grows() {
     let outcome = run(small_run(&chart, &["--history", "0", "--no-baseline"]));
     let guarded = &outcome.guarded;
     assert_eq!(outcome.history_before, 0);
-    assert_eq!(guarded.audited_checks, guarded.checks);
+    assert_the_audit_had_something_to_catch(guarded);
     assert!(outcome.history_after > 10_000, "{}", outcome.history_after);
     assert!(guarded.events.iter().any(|event| event.rebuild));
     assert!(outcome.conclusions()[2].contains("cold start"));

@@ -23,8 +23,9 @@
 //!
 //! Requests run on one thread (a current-thread runtime); the guard's
 //! maintenance runs on a second one, as a service's background task would.
-//! Every few requests are audited against the ground truth: a false negative
-//! stops the run with an error.
+//! Every few requests are audited against the ground truth, and when the
+//! requests end every item the store holds is checked in every guard: a
+//! false negative stops the run with an error.
 
 pub(crate) mod replay;
 pub(crate) mod report;
@@ -336,21 +337,16 @@ pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error
         task.stop();
     }
     let history_after = workload.truth.len();
+    // The keys the store holds after the guarded run (in rotation mode, the
+    // unexpired ones), before the baseline's writes add to them.
+    let held = workload.truth.held_at(Instant::now());
+    let key_bytes: usize = held.iter().map(|&(pair, _)| seen_key(pair).len()).sum();
     let baseline = if args.no_baseline {
         None
     } else {
         Some(replay::run(&workload, &store, &[], &[], &pacing, args.seed).await?)
     };
 
-    // The keys the store holds now (in rotation mode, the unexpired ones).
-    let now = Instant::now();
-    let held: Vec<u64> = workload
-        .truth
-        .pairs()
-        .into_iter()
-        .filter(|&pair| workload.truth.must_hold(pair, now, Duration::ZERO))
-        .collect();
-    let key_bytes: usize = held.iter().map(|&pair| seen_key(pair).len()).sum();
     let outcome = Outcome {
         guarded,
         baseline,

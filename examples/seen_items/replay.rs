@@ -94,7 +94,12 @@ pub(crate) struct Phase {
     pub(crate) store_calls: u64,
     /// Candidates the store had (seen items).
     pub(crate) found: u64,
-    pub(crate) audited_checks: u64,
+    /// Audited candidates the store held for the whole request: where a
+    /// false negative would have shown.
+    pub(crate) audited_seen: u64,
+    /// Pairs the store held at the end, each checked against every
+    /// instance's guard then.
+    pub(crate) swept: u64,
     /// Audited candidates the store did not hold, and those of them answered
     /// "seen" anyway: unseen items hidden from the user (over-filtered).
     pub(crate) audited_unseen: u64,
@@ -132,7 +137,7 @@ struct Tally {
     requests: AtomicU64,
     checks: AtomicU64,
     found: AtomicU64,
-    audited_checks: AtomicU64,
+    audited_seen: AtomicU64,
     audited_unseen: AtomicU64,
     hidden: AtomicU64,
     written: AtomicU64,
@@ -220,6 +225,7 @@ pub(crate) async fn run(
     for writer in writers {
         writer.await.map_err(|error| error.to_string())??;
     }
+    let swept = sweep(&run)?;
     run.finished.store(true, Ordering::Release);
     let (timeline, events, largest_lag) = observing.await.map_err(|error| error.to_string())?;
     let fleet = (!fleets.is_empty()).then(|| {
@@ -257,7 +263,8 @@ pub(crate) async fn run(
         store_keys,
         store_calls,
         found: tally.found.load(Ordering::Relaxed),
-        audited_checks: tally.audited_checks.load(Ordering::Relaxed),
+        audited_seen: tally.audited_seen.load(Ordering::Relaxed),
+        swept,
         audited_unseen: tally.audited_unseen.load(Ordering::Relaxed),
         hidden: tally.hidden.load(Ordering::Relaxed),
         guard_fpr: over_phase.and_then(|rates| rates.false_positive),
@@ -269,6 +276,31 @@ pub(crate) async fn run(
         events,
         fleet,
     })
+}
+
+/// Checks every pair the store holds against every instance's guard, once
+/// the writes are done: the requests only meet the pairs their users are
+/// drawn for. Returns how many pairs it checked.
+fn sweep(run: &Run) -> Result<u64, String> {
+    if run.gates.is_empty() {
+        return Ok(0);
+    }
+    let held = run.workload.truth.held_at(Instant::now());
+    for (instance, gate) in run.gates.iter().enumerate() {
+        for &(pair, until) in &held {
+            let key = seen_key(pair);
+            // The time after the check: held then, so held during it.
+            if gate.guard().check(&key).is_absent()
+                && until.is_none_or(|until| Instant::now() + EXPIRY_SKEW < until)
+            {
+                return Err(format!(
+                    "false negative: instance {instance}'s guard answers {key} absent, \
+                     which the store holds"
+                ));
+            }
+        }
+    }
+    Ok(held.len() as u64)
 }
 
 /// Issues requests until the deadline; returns their latencies.
@@ -308,13 +340,12 @@ async fn worker(
             write_seen_key(key, pair);
         }
         let audited = n % pacing.audit_every == id as u64 % pacing.audit_every;
-        // What the store must hold, taken before asking: a write that lands
-        // while the request runs may or may not be seen by it.
-        let must_hold: Vec<bool> = if audited {
-            let now = Instant::now();
+        // What was written, taken before asking: a write that lands while
+        // the request runs may or may not be seen by it.
+        let held_until: Vec<Option<Option<Instant>>> = if audited {
             pairs
                 .iter()
-                .map(|&pair| run.workload.truth.must_hold(pair, now, AUDIT_MARGIN))
+                .map(|&pair| run.workload.truth.held_until(pair))
                 .collect()
         } else {
             Vec::new()
@@ -334,6 +365,15 @@ async fn worker(
         };
         latencies.push(due.elapsed().as_nanos() as u64);
 
+        // Held for the whole request: written before it began, and still
+        // held after its answer (expiry only ever removes).
+        let answered = Instant::now();
+        let must_hold: Vec<bool> = held_until
+            .iter()
+            .map(|held| {
+                held.is_some_and(|until| until.is_none_or(|until| answered + EXPIRY_SKEW < until))
+            })
+            .collect();
         if let Some(missed) = must_hold
             .iter()
             .zip(&answers)
@@ -365,9 +405,10 @@ async fn worker(
         tally.requests.fetch_add(1, Ordering::Relaxed);
         tally.checks.fetch_add(keys.len() as u64, Ordering::Relaxed);
         tally.found.fetch_add(found, Ordering::Relaxed);
-        tally
-            .audited_checks
-            .fetch_add(must_hold.len() as u64, Ordering::Relaxed);
+        tally.audited_seen.fetch_add(
+            must_hold.iter().filter(|&&held| held).count() as u64,
+            Ordering::Relaxed,
+        );
 
         let shown: Vec<u64> = (0..keys.len())
             .filter(|&i| !answers[i])
@@ -381,9 +422,9 @@ async fn worker(
     Ok(latencies)
 }
 
-/// Expiry (rotation mode) may drop a key this close to its deadline while
-/// a request runs; such keys are not audited.
-const AUDIT_MARGIN: Duration = Duration::from_secs(2);
+/// How far the store's expiry clock (Redis's) may run ahead of this
+/// process's over a run: a pair this close to its expiry is not required.
+const EXPIRY_SKEW: Duration = Duration::from_millis(50);
 
 /// Requests whose seen items wait to be written, at most.
 const WRITE_QUEUE: usize = 1024;

@@ -121,6 +121,17 @@ impl Truth {
             .collect()
     }
 
+    /// Every pair the store still holds at `now`, with when it stops
+    /// holding it at the earliest (`None`: never).
+    pub(crate) fn held_at(&self, now: Instant) -> Vec<(u64, Option<Instant>)> {
+        let seen = self.seen.lock().unwrap();
+        seen.written_at
+            .iter()
+            .map(|(&pair, &at)| (pair, self.expires_at(at)))
+            .filter(|&(_, expires)| expires.is_none_or(|expires| now < expires))
+            .collect()
+    }
+
     /// Records that `user` saw `item`; false if they had already.
     pub(crate) fn record(&self, pair: u64, now: Instant) -> bool {
         let mut seen = self.seen.lock().unwrap();
@@ -136,17 +147,17 @@ impl Truth {
         self.seen.lock().unwrap().written_at.contains_key(&pair)
     }
 
-    /// Whether the store must still hold `pair` at `now`. Within `margin` of
-    /// its expiry the store may already have dropped it, so it counts as
-    /// not required.
-    pub(crate) fn must_hold(&self, pair: u64, now: Instant, margin: Duration) -> bool {
+    /// Whether `pair` was written, and if so until when the store holds it
+    /// at the earliest (`Some(None)`: for good). A pair's time is taken
+    /// before the guard's insert and the store's write, so the store's own
+    /// expiry comes no sooner.
+    pub(crate) fn held_until(&self, pair: u64) -> Option<Option<Instant>> {
         let seen = self.seen.lock().unwrap();
-        seen.written_at
-            .get(&pair)
-            .is_some_and(|&at| match self.expires_after {
-                None => true,
-                Some(ttl) => now.saturating_duration_since(at) + margin < ttl,
-            })
+        seen.written_at.get(&pair).map(|&at| self.expires_at(at))
+    }
+
+    fn expires_at(&self, written_at: Instant) -> Option<Instant> {
+        self.expires_after.map(|ttl| written_at + ttl)
     }
 }
 

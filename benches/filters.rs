@@ -318,7 +318,7 @@ fn bench_batch_query(
 }
 
 fn bench_batch_insert(group: &mut BenchmarkGroup<'_, WallTime>, workload: &Workload) {
-    let filter = Bloomguard::build(workload.n).0;
+    let mut filter = Bloomguard::build(workload.n).0;
     let keys = workload.present.slices();
     let mut next = 0;
     group.bench_function("insert/bloomguard-batch", |b| {

@@ -372,9 +372,17 @@ impl AtomicBloom {
         Err(IncompatibleFilters { differs_in })
     }
 
-    /// Empties the filter. Keys inserted while `clear` runs may be lost:
-    /// callers must keep inserts away (the guard swaps a fresh filter instead).
-    pub fn clear(&self) {
+    /// Empties the filter. It takes `&mut self`, so no insert can run
+    /// meanwhile, and a filter shared with others cannot be emptied under
+    /// them: a guard's live filters, emptied, would answer `Absent` for every
+    /// key they held (the guard swaps a fresh filter in instead).
+    ///
+    /// ```compile_fail
+    /// let guard = bloomguard::Guard::builder().expected_items(1_000).build()?;
+    /// guard.live_filters().newest().unwrap().clear(); // shared: refused
+    /// # Ok::<(), bloomguard::ConfigError>(())
+    /// ```
+    pub fn clear(&mut self) {
         for word in self.words() {
             word.store(0, Ordering::Relaxed);
         }

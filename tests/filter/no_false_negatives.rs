@@ -120,7 +120,7 @@ fn union_holds_both_sides_and_refuses_strangers() {
 
 #[test]
 fn clear_empties_the_filter() {
-    let filter = AtomicBloom::with_seed(1_000, 0.01, 8).unwrap();
+    let mut filter = AtomicBloom::with_seed(1_000, 0.01, 8).unwrap();
     let keys = crate::common::keys(0, 500);
     keys.iter().for_each(|k| _ = filter.insert(k));
     filter.clear();

@@ -61,9 +61,9 @@ fn run(args: seen_items::Args) -> seen_items::report::Outcome {
 /// The run met what a false negative needs to show: answers for items the
 /// store held (the run fails on one answered unseen), and a sweep of the
 /// held items over every guard at its end (the same).
-fn assert_the_audit_had_something_to_catch(guarded: &seen_items::replay::Phase) {
+fn assert_the_audit_had_something_to_catch(guarded: &seen_items::replay::Phase, answers: u64) {
     assert!(
-        guarded.audited_seen >= 1_000,
+        guarded.audited_seen >= answers,
         "{} answers audited for items the store held",
         guarded.audited_seen
     );
@@ -77,7 +77,7 @@ fn assert_the_audit_had_something_to_catch(guarded: &seen_items::replay::Phase) 
 fn assert_the_gate_pays_off(outcome: &seen_items::report::Outcome) {
     let guarded = &outcome.guarded;
     assert!(guarded.requests >= 4_000, "{} requests", guarded.requests);
-    assert_the_audit_had_something_to_catch(guarded);
+    assert_the_audit_had_something_to_catch(guarded, 1_000);
     assert!(
         outcome.avoided() >= 0.95,
         "only {:.3} of the lookups avoided",
@@ -183,7 +183,9 @@ fn rotation_forgets_no_key_the_store_still_holds() {
         &["--lifecycle", "rotate", "--window", "1s", "--no-baseline"],
     ));
     let guarded = &outcome.guarded;
-    assert_the_audit_had_something_to_catch(guarded);
+    // A 1 s window holds only the last second's items: most candidates
+    // drawn from a user's history have expired, ~0.3 a request are held.
+    assert_the_audit_had_something_to_catch(guarded, 200);
     let rotations = guarded.events.iter().filter(|event| !event.rebuild).count();
     assert!(
         rotations >= 2,
@@ -259,7 +261,7 @@ fn the_gate_runs_against_a_real_redis_cluster() {
         &["--redis-cluster-urls", &urls, "--no-baseline"],
     ));
     let guarded = &outcome.guarded;
-    assert_the_audit_had_something_to_catch(guarded);
+    assert_the_audit_had_something_to_catch(guarded, 1_000);
     assert!(
         guarded.store_calls <= guarded.requests,
         "at most one MGET per request, split by the cluster connection"
@@ -290,7 +292,7 @@ fn the_gate_runs_against_a_real_redis_cluster() {
 /// the work, and every write batch was acknowledged by the fleet.
 fn assert_three_instances_ran_as_one_fleet(outcome: &seen_items::report::Outcome) {
     let guarded = &outcome.guarded;
-    assert_the_audit_had_something_to_catch(guarded);
+    assert_the_audit_had_something_to_catch(guarded, 1_000);
     let fleet = guarded.fleet.as_ref().expect("the fleet's figures");
     assert_eq!(fleet.instances, 3);
     assert!(
@@ -330,7 +332,7 @@ fn sampled_verification_trusts_most_positives_and_measures_what_it_hides() {
         &["--verify", "sample:0.01", "--no-baseline"],
     ));
     let guarded = &outcome.guarded;
-    assert_the_audit_had_something_to_catch(guarded);
+    assert_the_audit_had_something_to_catch(guarded, 1_000);
     let lookups_per_request = guarded.store_keys as f64 / guarded.requests as f64;
     assert!(
         lookups_per_request < 0.5,
@@ -361,7 +363,7 @@ fn without_verification_the_store_is_never_asked() {
     let outcome = run(small_run(&chart, &["--verify", "none", "--no-baseline"]));
     let guarded = &outcome.guarded;
     assert_eq!(guarded.store_keys, 0);
-    assert_the_audit_had_something_to_catch(guarded);
+    assert_the_audit_had_something_to_catch(guarded, 1_000);
     let hidden = guarded.hidden_rate().unwrap();
     assert!(hidden > 0.0 && hidden <= 0.02, "hidden {hidden}");
     assert!(guarded.estimated_over_filtering.is_some());
@@ -390,7 +392,7 @@ fn a_cold_start_builds_from_an_empty_store_and_grows() {
     let outcome = run(small_run(&chart, &["--history", "0", "--no-baseline"]));
     let guarded = &outcome.guarded;
     assert_eq!(outcome.history_before, 0);
-    assert_the_audit_had_something_to_catch(guarded);
+    assert_the_audit_had_something_to_catch(guarded, 1_000);
     assert!(outcome.history_after > 10_000, "{}", outcome.history_after);
     assert!(guarded.events.iter().any(|event| event.rebuild));
     assert!(outcome.conclusions()[2].contains("cold start"));

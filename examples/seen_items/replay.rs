@@ -97,8 +97,8 @@ pub(crate) struct Phase {
     /// Audited candidates the store held for the whole request: where a
     /// false negative would have shown.
     pub(crate) audited_seen: u64,
-    /// Pairs the store held at the end, each checked against every
-    /// instance's guard then.
+    /// Checks of the pairs the store held at the end, in every instance's
+    /// guard that was not fenced then.
     pub(crate) swept: u64,
     /// Audited candidates the store did not hold, and those of them answered
     /// "seen" anyway: unseen items hidden from the user (over-filtered).
@@ -225,7 +225,7 @@ pub(crate) async fn run(
     for writer in writers {
         writer.await.map_err(|error| error.to_string())??;
     }
-    let swept = sweep(&run)?;
+    let swept = sweep(&run).await?;
     run.finished.store(true, Ordering::Release);
     let (timeline, events, largest_lag) = observing.await.map_err(|error| error.to_string())?;
     let fleet = (!fleets.is_empty()).then(|| {
@@ -280,13 +280,20 @@ pub(crate) async fn run(
 
 /// Checks every pair the store holds against every instance's guard, once
 /// the writes are done: the requests only meet the pairs their users are
-/// drawn for. Returns how many pairs it checked.
-fn sweep(run: &Run) -> Result<u64, String> {
-    if run.gates.is_empty() {
-        return Ok(0);
-    }
+/// drawn for. A fenced member answers "maybe" to all, so each is given a
+/// while to catch up first. Returns how many checks could have failed.
+async fn sweep(run: &Run) -> Result<u64, String> {
+    let mut swept = 0;
     let held = run.workload.truth.held_at(Instant::now());
     for (instance, gate) in run.gates.iter().enumerate() {
+        let caught_up_by = Instant::now() + SWEEP_CATCH_UP;
+        while gate.guard().is_fenced() && Instant::now() < caught_up_by {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if gate.guard().is_fenced() {
+            continue;
+        }
+        swept += held.len() as u64;
         for &(pair, until) in &held {
             let key = seen_key(pair);
             // The time after the check: held then, so held during it.
@@ -300,8 +307,11 @@ fn sweep(run: &Run) -> Result<u64, String> {
             }
         }
     }
-    Ok(held.len() as u64)
+    Ok(swept)
 }
+
+/// How long the sweep waits for a fenced fleet member to catch up.
+const SWEEP_CATCH_UP: Duration = Duration::from_secs(5);
 
 /// Issues requests until the deadline; returns their latencies.
 async fn worker(
@@ -422,8 +432,9 @@ async fn worker(
     Ok(latencies)
 }
 
-/// How far the store's expiry clock (Redis's) may run ahead of this
-/// process's over a run: a pair this close to its expiry is not required.
+/// How far the store's expiry clock (Redis's wall clock) may drift ahead of
+/// this process's over a run: a pair this close to its expiry is not
+/// required. A step of the wall clock (an NTP step) is not covered.
 const EXPIRY_SKEW: Duration = Duration::from_millis(50);
 
 /// Requests whose seen items wait to be written, at most.

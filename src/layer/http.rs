@@ -222,7 +222,8 @@ impl PathKey {
         }
     }
 
-    /// Only requests of this method have a key; others pass through.
+    /// Only requests of this method have a key; others pass through
+    /// (`.method(Method::GET)` leaves `HEAD` to the handler).
     ///
     /// Without it, a [`GuardLayer`] guards the reads, `GET` and `HEAD`, and
     /// lets every other method through: it cannot know whether a `PUT`

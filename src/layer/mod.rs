@@ -25,7 +25,8 @@
 //! stored one gets, which tells anyone which ids exist; outside a CORS or
 //! caching layer, its 404 lacks their headers. Make it the innermost:
 //! axum runs the last `.layer` added first, so add the guard's before
-//! theirs (`.layer(guard).layer(cors).layer(auth)`).
+//! theirs (`.layer(guard).layer(auth).layer(cors)` runs CORS, then
+//! authentication, then the guard).
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {

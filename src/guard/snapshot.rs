@@ -240,13 +240,14 @@ mod tests {
     use crate::Lifecycle;
     use crate::guard::source::GatedSource;
 
-    #[test]
-    fn a_rotating_set_round_trips_with_its_windows() {
+    /// A rotating guard (seed 9, hour-long periods) with "old" in its first
+    /// generation and "new" in its second.
+    fn rotated_once(expected_items: u64, generations: usize) -> Guard {
         let guard = Guard::builder()
-            .expected_items(1_000)
+            .expected_items(expected_items)
             .seed(9)
             .lifecycle(Lifecycle::Rotate {
-                generations: 3,
+                generations,
                 period: Duration::from_secs(3_600),
             })
             .build()
@@ -254,6 +255,12 @@ mod tests {
         guard.insert("old");
         guard.rotate().unwrap();
         guard.insert("new");
+        guard
+    }
+
+    #[test]
+    fn a_rotating_set_round_trips_with_its_windows() {
+        let guard = rotated_once(1_000, 3);
         let bytes = guard.encode_live_set().unwrap();
         let decoded = LiveSnapshot::from_bytes(&bytes).unwrap();
         assert_eq!(decoded.filters.len(), 2);
@@ -455,18 +462,7 @@ mod tests {
     /// and drop a generation still inside its window.
     #[test]
     fn a_changed_bit_anywhere_in_the_set_is_refused() {
-        let guard = Guard::builder()
-            .expected_items(100)
-            .seed(9)
-            .lifecycle(Lifecycle::Rotate {
-                generations: 2,
-                period: Duration::from_secs(3_600),
-            })
-            .build()
-            .unwrap();
-        guard.insert("old");
-        guard.rotate().unwrap();
-        guard.insert("new");
+        let guard = rotated_once(100, 2);
         let bytes = guard.encode_live_set().unwrap();
         let mut changed = bytes.clone();
         for at in 0..bytes.len() {

@@ -162,4 +162,50 @@ impl SwappedGuard {
         }
         count
     }
+
+    /// Swaps the live filter `swaps` times while `checkers` threads check
+    /// the stored keys (each from its own offset, asserting none is
+    /// answered `Absent`); returns how many checks they made.
+    fn swap_under_checks(&self, checkers: usize, swaps: usize) -> u64 {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let checked = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for checker in 0..checkers {
+                let first = checker * self.stored.len() / checkers;
+                let (stop, checked) = (&stop, &checked);
+                scope.spawn(move || {
+                    let count = self.check_until(first, stop, || {});
+                    checked.fetch_add(count, std::sync::atomic::Ordering::Relaxed);
+                });
+            }
+            let _stop = super::StopOnDrop(&stop);
+            self.swap(swaps);
+        });
+        checked.into_inner()
+    }
+
+    /// Swaps `swaps` times under `checkers` checking threads (see
+    /// [`swap_under_checks`](Self::swap_under_checks)), then once with none
+    /// running, whose reclaim frees whatever the earlier ones had to leave
+    /// to it; asserts that checks ran and that the replaced filters were
+    /// freed (a reclaim that never freed would hold all of them).
+    pub(crate) fn assert_swaps_under_checks_free_what_they_replace(
+        &self,
+        checkers: usize,
+        swaps: usize,
+    ) {
+        // Settles allocations made once (the first reclaim's list, thread records).
+        self.swap(1);
+        let before = super::alloc_meter::process_live_bytes();
+        let checked = self.swap_under_checks(checkers, swaps);
+        self.swap(1);
+        let grown = super::alloc_meter::process_live_bytes() - before;
+
+        assert!(checked > 0);
+        let filter_bytes = self.filter_bytes;
+        assert!(
+            grown < 2 * filter_bytes,
+            "{grown} bytes more after {swaps} swaps of a {filter_bytes}-byte filter"
+        );
+    }
 }

@@ -381,6 +381,20 @@ pub(crate) fn claimed_thread_record_index() -> Option<usize> {
     None
 }
 
+/// Whether the calling thread is inside a read section now (its own
+/// record's sequence is odd; only this thread writes it).
+#[cfg(not(bloomguard_loom))]
+fn this_thread_reads() -> bool {
+    CLAIMED
+        .get()
+        .is_some_and(|record| !record.sequence.load(Ordering::Relaxed).is_multiple_of(2))
+}
+
+#[cfg(bloomguard_loom)]
+fn this_thread_reads() -> bool {
+    false
+}
+
 /// The process's registry, which every guard's sets are read under.
 #[cfg(not(bloomguard_loom))]
 pub(crate) fn registry() -> &'static Registry {
@@ -470,6 +484,12 @@ impl<T> Published<T> {
     /// Frees the replaced values no section can still read, waiting up to
     /// `wait` (`None`: as long as it takes) for the sections open now.
     pub(crate) fn reclaim(&self, wait: Option<Duration>) {
+        // A swap made inside a section of this thread (a key's `as_ref` in
+        // `check_many` that grows or rotates a guard) cannot outwait that
+        // section: the next swap or maintenance tick frees what it replaced.
+        if this_thread_reads() {
+            return;
+        }
         let mut owned = unpoisoned(self.owned.lock());
         // Every retired value was unpublished before the barrier this
         // waits behind, so once the sections open at it have ended, none
@@ -504,6 +524,42 @@ mod tests {
 
     fn read_on_this_thread<T, R>(published: &Published<T>, f: impl FnOnce(&T) -> R) -> R {
         with_thread_record(|record| published.read(record, f)).expect("a thread record")
+    }
+
+    /// A swap made inside a section of its own thread (a key's `as_ref`
+    /// in `check_many` that inserts into a guard it grows, or rotates it)
+    /// cannot outwait that section: its reclaim leaves the replaced value
+    /// to a later one, rather than spin for its grace period (or, unbounded,
+    /// for ever).
+    #[test]
+    fn a_reclaim_inside_a_section_of_its_own_thread_leaves_the_value_to_a_later_one() {
+        let first_dropped: &'static StdAtomicBool = Box::leak(Box::new(StdAtomicBool::new(false)));
+        let published: &'static Published<Watched<'static>> = Box::leak(Box::new(Published::new(
+            Arc::new(Watched(first_dropped)),
+            registry(),
+        )));
+        let (returned, reclaim_returned) = std::sync::mpsc::channel();
+        // Not scoped: a reclaim that spins for ever must fail the test, not hang it.
+        std::thread::spawn(move || {
+            read_on_this_thread(published, |_| {
+                published.replace(Arc::new(Watched(Box::leak(Box::new(StdAtomicBool::new(
+                    false,
+                ))))));
+                published.reclaim(None);
+                returned.send(first_dropped.load(std::sync::atomic::Ordering::SeqCst))
+            })
+            .unwrap();
+        });
+        let dropped_inside = reclaim_returned
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the reclaim waited for its own thread's section");
+        assert!(
+            !dropped_inside,
+            "freed while its own thread's section could read it"
+        );
+        assert_eq!(published.retired(), 1);
+        published.reclaim(None);
+        assert!(first_dropped.load(std::sync::atomic::Ordering::SeqCst));
     }
 
     #[test]

@@ -1675,7 +1675,11 @@ async fn a_member_configured_otherwise_refuses_to_join() {
         ),
         "{refused}"
     );
-    assert!(!other.is_fenced(), "the guard is left as it was");
+    assert!(
+        other.is_fenced(),
+        "a refused member cannot show it holds the fleet's writes"
+    );
+    assert_eq!(other.check("never inserted"), Verdict::MaybePresent);
 
     let other_lease = refused_join(guard("b"), server.client(), "settings", LEASE * 2).await;
     assert!(matches!(
@@ -1819,18 +1823,32 @@ async fn the_member_publishes_its_standing_as_metrics() {
     ));
 }
 
-/// A join given up half-way (a timeout around it: the first member of a
-/// young fleet waits out a lease) leaves the guard as it was, unfenced,
-/// rather than fenced for good.
+/// A guard given to a fleet member answers `MaybePresent` from then until
+/// a join has caught it up: before `join` runs (a service that serves while
+/// it joins in the background), and after a join given up half-way (a
+/// timeout around it: the first member of a young fleet waits out a lease).
+/// Unfenced, it answered `Absent` for every key the other members wrote.
+/// A later join lifts the fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_join_dropped_half_way_leaves_the_guard_as_it_was() {
+async fn a_member_not_joined_yet_or_whose_join_was_dropped_answers_maybe() {
     let server = RedisServer::start();
     let guard = guard("a");
-    let fleet = FleetSync::builder(guard.clone(), server.client(), "dropped").build();
-    let joined = tokio::time::timeout(Duration::from_millis(200), fleet.join()).await;
+    let fleet = FleetSync::builder(guard.clone(), server.client(), "dropped")
+        .lease(LEASE)
+        .build();
+    assert!(guard.is_fenced(), "a member not joined yet");
+    assert_eq!(guard.check("never inserted"), Verdict::MaybePresent);
+    let joined = tokio::time::timeout(LEASE / 4, fleet.join()).await;
     assert!(joined.is_err(), "still waiting out the fleet's first lease");
-    assert!(!guard.is_fenced(), "a dropped join left the guard fenced");
-    assert_eq!(guard.check("never inserted"), Verdict::Absent);
+    assert!(guard.is_fenced(), "a dropped join lifted the fence");
+    assert_eq!(guard.check("never inserted"), Verdict::MaybePresent);
+
+    let member = Member {
+        handle: fleet.join().await.unwrap(),
+        fleet,
+    };
+    caught_up(&member).await;
+    assert_eq!(member.guard().check("never inserted"), Verdict::Absent);
 }
 
 /// A source whose passes fail once told to.

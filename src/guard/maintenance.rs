@@ -269,6 +269,12 @@ impl Guard {
         !self.inner.in_fleet.swap(true, Ordering::AcqRel)
     }
 
+    /// Whether a fleet member follows the guard (or is joining with it).
+    #[cfg(feature = "redis")]
+    pub(crate) fn in_fleet(&self) -> bool {
+        self.inner.in_fleet.load(Ordering::Acquire)
+    }
+
     /// The member that claimed the guard no longer follows the fleet.
     #[cfg(feature = "redis")]
     pub(crate) fn release_from_fleet(&self) {

@@ -487,8 +487,15 @@ impl FleetSyncBuilder {
         self
     }
 
-    /// The member, not yet joined: see [`FleetSync::join`].
+    /// The member, not yet joined: see [`FleetSync::join`]. Fences the
+    /// guard (unless another member follows it already): until a join has
+    /// caught it up, it cannot show that it holds what the fleet's writers
+    /// were told it does, so it answers `MaybePresent`.
     pub fn build(self) -> FleetSync {
+        let fenced = !self.guard.in_fleet();
+        if fenced {
+            self.guard.set_fenced(true);
+        }
         let seed = RandomState::new().hash_one(std::process::id());
         FleetSync {
             inner: Arc::new(Inner {
@@ -498,7 +505,10 @@ impl FleetSyncBuilder {
                 redis: self.redis,
                 keys: Keys::new(&self.name),
                 settings: self.settings,
-                state: Mutex::new(MemberState::default()),
+                state: Mutex::new(MemberState {
+                    fenced,
+                    ..MemberState::default()
+                }),
                 applied_notices: watch::Sender::new(0),
                 lease_changed: Notify::new(),
                 snapshot_published: Notify::new(),
@@ -678,10 +688,10 @@ impl FleetSync {
     /// # Errors
     /// [`FleetError::AlreadyJoined`] while a member (this one or another)
     /// follows a fleet for the guard; [`FleetError::SettingsDiffer`]; Redis
-    /// errors. The guard is left fenced
-    /// as it was, or fenced where a snapshot has replaced its set already.
-    /// Dropping the future before it returns (a `timeout` around it) does
-    /// the same; a lease it took lapses within a lease.
+    /// errors. The guard stays fenced, answering `MaybePresent`, until a
+    /// join succeeds: it cannot show it holds the fleet's writes. Dropping
+    /// the future before it returns (a `timeout` around it) does the same;
+    /// a lease it took lapses within a lease.
     ///
     /// # Panics
     /// Outside a tokio runtime.
@@ -710,7 +720,6 @@ impl FleetSync {
         }
         let mut unfinished = UnfinishedJoin {
             member: self.clone(),
-            was_fenced: self.inner.guard.is_fenced(),
             finished: false,
         };
         self.inner.guard.set_fenced(true);
@@ -1118,13 +1127,12 @@ impl FleetHandle {
 
 /// Undoes a join that did not finish, by an error or by its future being
 /// dropped (a `timeout` around `join`, which waits out a young fleet's first
-/// lease): leaves the guard fenced as it was before, unless a snapshot
-/// replaced its set (which lacks what the stream after it holds). A lease
-/// it took lapses within a lease (writers wait for it until then): deleting
-/// it from here could race a retried join's renewal of the same member.
+/// lease): leaves the guard fenced, as the join began by making it, since
+/// it cannot show it holds the fleet's writes. A lease it took lapses
+/// within a lease (writers wait for it until then): deleting it from here
+/// could race a retried join's renewal of the same member.
 struct UnfinishedJoin {
     member: FleetSync,
-    was_fenced: bool,
     finished: bool,
 }
 
@@ -1134,14 +1142,12 @@ impl Drop for UnfinishedJoin {
             return;
         }
         let member = &self.member;
-        {
-            let mut state = member.state();
-            state.give_up_lease();
-            if state.replacements == 0 {
-                member.inner.guard.set_fenced(self.was_fenced);
-                state.fenced = self.was_fenced;
-            }
-        }
+        member.state().give_up_lease();
+        tracing::warn!(
+            guard = %member.inner.guard.name(),
+            "fleet join did not finish: the guard stays fenced (every check answers \
+             MaybePresent) until a join succeeds"
+        );
         // Last: another join may claim the guard once it is released.
         member.inner.guard.release_from_fleet();
     }

@@ -442,7 +442,13 @@ impl Guard {
     /// A merge never ends [warming](Self::is_warming): the merged filter
     /// says nothing of the keys this guard's own store holds, so checks keep
     /// answering [`Verdict::Warming`] until the first build has read the
-    /// whole source (the maintenance task keeps retrying it).
+    /// whole source (the maintenance task keeps retrying it). The merged
+    /// keys last until the next rebuild, which keeps what the source lists:
+    /// merge only keys that are in this guard's store. A guard without a
+    /// source never warms: it answers from its empty filter from `build` on,
+    /// so restore into it before it serves (with the snapshot's seed given
+    /// to [`GuardBuilder::seed`](crate::GuardBuilder::seed)), and treat an
+    /// error here as fatal.
     ///
     /// # Errors
     /// [`IncompatibleFilters`] unless the filter has the newest filter's bits,
@@ -463,8 +469,11 @@ impl Guard {
     /// [`merge_filter`](Self::merge_filter)). An insert into one of these
     /// goes around the guard: a rebuild running then never gets the key,
     /// the next swap forgets it, and a loader's confirmed-absent cache is
-    /// not told. [`AtomicBloom::clear`] on one makes the guard answer
-    /// `Absent` for every key it held.
+    /// not told. They cannot be emptied ([`AtomicBloom::clear`] takes
+    /// `&mut self`). A snapshot of a rotating or growing guard needs every
+    /// one of them ([`iter`](LiveFilters::iter)), not only the newest; and
+    /// checks answer from them only when the guard is neither
+    /// [warming](Self::is_warming) nor [fenced](Self::is_fenced).
     ///
     /// ```
     /// let guard = bloomguard::Guard::builder().expected_items(1_000).build()?;
@@ -491,6 +500,14 @@ impl Guard {
     /// Records that `key` is about to be written to the store. Call it
     /// **before** the write becomes visible (see the [module docs](self)):
     /// once it returns, `check(key)` never answers `Absent`.
+    ///
+    /// This instance's guard only. In a fleet, write through the
+    /// `FleetSync` (`insert_then_write`, `begin_write_many`; the `redis`
+    /// feature): no other member sees an insert made here, and this one
+    /// forgets it when it next takes a snapshot. The same holds for
+    /// [`begin_write`](Self::begin_write),
+    /// [`insert_then_write`](Self::insert_then_write) and
+    /// [`merge_filter`](Self::merge_filter).
     ///
     /// The write must become visible within the rebuild policy's
     /// [`write_settle`](RebuildPolicy::write_settle) (250 ms by default) of this
@@ -837,6 +854,10 @@ impl Guard {
     /// Drops the oldest generation and opens a fresh one for inserts, now.
     /// The maintenance task does this every period of a
     /// [`Lifecycle::Rotate`] guard; with another lifecycle it does nothing.
+    /// A call of its own shortens the window: the keys of the generation it
+    /// drops go, however recently they were inserted (right after a
+    /// scheduled rotation, those of the last period), so a key no longer
+    /// stays `(generations − 1) × period`.
     ///
     /// # Errors
     /// [`ConfigError`] if the fresh filter would exceed the memory budget.
@@ -955,12 +976,13 @@ impl LiveFilters {
         self.live.newest().map(|g| &g.filter)
     }
 
-    /// How many filters there are (0 while warming).
+    /// How many filters there are (0 while warming, unless a filter was
+    /// merged meanwhile).
     pub fn len(&self) -> usize {
         self.live.generations.len()
     }
 
-    /// Whether there is none (the guard is warming).
+    /// Whether there is none (the guard is warming, and nothing was merged).
     pub fn is_empty(&self) -> bool {
         self.live.generations.is_empty()
     }

@@ -48,6 +48,12 @@ impl<S: KeySource + ?Sized> KeySource for Box<S> {
 /// A [`KeySource`] over whatever a closure lists at the start of each pass:
 /// an in-memory store, a snapshot, a test fixture.
 ///
+/// The closure cannot fail, so what it lists is taken for the whole store:
+/// one that meets an error and lists nothing (or part) has the guard answer
+/// `Absent` for every key it left out. Over a store that can fail (a
+/// database, a file), implement [`KeySource`] and yield a [`SourceError`]:
+/// the pass then fails and the old filters keep serving.
+///
 /// ```
 /// use std::sync::{Arc, RwLock};
 /// use std::collections::HashSet;

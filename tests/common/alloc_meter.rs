@@ -49,7 +49,6 @@ static ZERO_LARGE_BLOCKS: AtomicBool = AtomicBool::new(false);
 const ZEROED_FROM: usize = 4_096;
 
 /// From now on, blocks of a page or more are zeroed before they are freed.
-#[allow(dead_code)] // not every binary that installs the meter frees filters under checks
 pub(crate) fn zero_large_blocks_when_freed() {
     ZERO_LARGE_BLOCKS.store(true, Ordering::Relaxed);
 }

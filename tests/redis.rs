@@ -283,6 +283,125 @@ async fn a_pass_across_a_redis_restart_fails() {
     assert_eq!(report.keys, 100_000, "the retry reads every key");
 }
 
+/// The same, for a user that may not run `INFO` and a connection that
+/// reconnects on its own (RESP3 tells the client of a dropped connection,
+/// so no `SCAN` fails): the pass must still not be taken as whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_across_a_redis_restart_fails_where_info_is_denied() {
+    let server = RedisServer::start();
+    server.populate(0..100_000);
+    let port = server.port;
+    let _user = without_info(port);
+    let client = redis::Client::open(format!(
+        "redis://scanner:any@127.0.0.1:{port}/?protocol=resp3"
+    ))
+    .unwrap();
+    let source = RedisSource::new(client, "item:*")
+        .strip_prefix("item:")
+        .count(100);
+    let server = std::sync::Arc::new(std::sync::Mutex::new(server));
+    let restarted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let guard = Guard::builder()
+        .expected_items(200_000)
+        .source(ActsMidPass {
+            source,
+            act: move || -> Act {
+                let (server, restarted) = (server.clone(), restarted.clone());
+                Box::pin(async move {
+                    if restarted.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        return;
+                    }
+                    server.lock().unwrap().kill();
+                    let back = RedisServer::start_on(port);
+                    back.populate(0..100_000);
+                    let _user_again = without_info(port);
+                    *server.lock().unwrap() = back;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                })
+            },
+        })
+        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
+        .build()
+        .unwrap();
+    if let Ok(report) = guard.rebuild().await {
+        panic!(
+            "a pass across a restart was taken as whole ({} of 100000 keys read)",
+            report.keys
+        );
+    }
+    assert!(guard.is_warming(), "no partial filter was swapped in");
+    let report = guard.rebuild().await.unwrap();
+    assert_eq!(report.keys, 100_000, "the retry reads every key");
+}
+
+/// A prefix with a glob character in it, written into the `MATCH` pattern
+/// as it is: `shop[eu]:*` matches `shope:…`, never `shop[eu]:1`, so a pass
+/// would list nothing and the guard answer `Absent` for every key. The pass
+/// fails instead, saying how to write the pattern.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pattern_that_cannot_match_the_stripped_prefix_fails_the_pass() {
+    let server = RedisServer::start();
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("SET")
+        .arg("shop[eu]:1")
+        .arg("x")
+        .query(&mut connection)
+        .unwrap();
+    let guard = common::guard_from(
+        RedisSource::new(server.client(), "shop[eu]:*").strip_prefix("shop[eu]:"),
+    );
+    let error = guard
+        .rebuild()
+        .await
+        .expect_err("a pattern that cannot match its own prefix fails the pass");
+    assert!(error.to_string().contains(r"shop\[eu]:*"), "{error}");
+    assert_eq!(guard.check("1"), Verdict::Warming);
+
+    let escaped = common::guard_from(
+        RedisSource::new(server.client(), r"shop\[eu]:*").strip_prefix("shop[eu]:"),
+    );
+    assert_eq!(escaped.rebuild().await.unwrap().keys, 1);
+    assert_eq!(escaped.check("1"), Verdict::MaybePresent);
+}
+
+/// `MGET` answers nil for a key holding a hash, as for a missing one: a
+/// batch must not read it as not found (the confirmed-absent cache would
+/// then answer `get` from that), but fail as `GET` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_over_a_key_that_is_not_a_string_fails_as_get_does() {
+    let server = RedisServer::start();
+    server.populate(0..10);
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("HSET")
+        .arg("item:h")
+        .arg("field")
+        .arg("value")
+        .query(&mut connection)
+        .unwrap();
+    let guard = guard_over(
+        &server,
+        RebuildPolicy::default().write_settle(Duration::ZERO),
+    );
+    guard.rebuild().await.unwrap();
+    let loader = RedisLoader::new(server.client()).prefix("item:");
+    assert!(loader.get("h").await.is_err(), "GET answers WRONGTYPE");
+    let batch = loader.get_many(&["1", "h", "nope"]).await;
+    assert!(batch.is_err(), "a batch over a hash answered {batch:?}");
+    assert_eq!(
+        loader.get_many(&["1", "nope"]).await.unwrap(),
+        vec![Some(b"value 1".to_vec()), None]
+    );
+
+    let guarded = GuardedLoader::new(guard, loader)
+        .confirmed_absent_cache(100, Duration::from_secs(60))
+        .unwrap();
+    assert!(guarded.get_many(&["h".to_string()]).await.is_err());
+    assert!(
+        guarded.get("h").await.is_err(),
+        "the batch left a not-found answer behind"
+    );
+}
+
 /// The restart tests stop a server and start it on the same port while
 /// clients keep reconnecting to it. A port among the kernel's outgoing ones
 /// could be handed to such a client as its own end, connecting it to itself
@@ -498,6 +617,20 @@ mod cluster {
             .map(|key| (key != "missing").then(|| format!("value {key}")))
             .collect();
         assert_eq!(values, expected);
+
+        // A key that holds no string, among keys of other slots: `EXISTS`
+        // is split by slot and summed like the `MGET`, and the batch fails.
+        let mut writes = cluster.client().get_async_connection().await.unwrap();
+        let () = redis::cmd("HSET")
+            .arg("item:h")
+            .arg("field")
+            .arg("value")
+            .query_async(&mut writes)
+            .await
+            .unwrap();
+        let loader = RedisLoader::cluster(cluster.client()).prefix("item:");
+        let batch = loader.get_many(&["1", "h", "missing", "19999"]).await;
+        assert!(batch.is_err(), "a batch over a hash answered {batch:?}");
     }
 
     /// A plain source on one node of a cluster scans that node's slots only,

@@ -18,7 +18,7 @@ use std::time::Duration;
 use futures_util::{TryStreamExt, stream};
 use std::sync::Arc;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
@@ -57,6 +57,9 @@ enum Target {
 #[derive(Clone)]
 enum Live {
     Node(ConnectionManager),
+    /// One `SCAN` pass's own connection to a node, which does not reconnect
+    /// (see [`Connection::for_pass`]).
+    Pass(MultiplexedConnection),
     Cluster(ClusterConnection, Duration),
 }
 
@@ -64,6 +67,7 @@ impl redis::aio::ConnectionLike for Live {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
         match self {
             Self::Node(manager) => manager.req_packed_command(cmd),
+            Self::Pass(connection) => connection.req_packed_command(cmd),
             Self::Cluster(cluster, timeout) => {
                 let timeout = *timeout;
                 Box::pin(within(timeout, cluster.req_packed_command(cmd)))
@@ -79,6 +83,7 @@ impl redis::aio::ConnectionLike for Live {
     ) -> redis::RedisFuture<'a, Vec<Value>> {
         match self {
             Self::Node(manager) => manager.req_packed_commands(pipeline, offset, count),
+            Self::Pass(connection) => connection.req_packed_commands(pipeline, offset, count),
             Self::Cluster(cluster, timeout) => {
                 let timeout = *timeout;
                 Box::pin(within(
@@ -92,6 +97,7 @@ impl redis::aio::ConnectionLike for Live {
     fn get_db(&self) -> i64 {
         match self {
             Self::Node(manager) => manager.get_db(),
+            Self::Pass(connection) => connection.get_db(),
             Self::Cluster(cluster, _) => cluster.get_db(),
         }
     }
@@ -112,6 +118,7 @@ impl Live {
         wait.arg(replicas).arg(timeout.as_millis() as u64);
         match self {
             Self::Node(manager) => wait.query_async(manager).await,
+            Self::Pass(connection) => wait.query_async(connection).await,
             Self::Cluster(cluster, response_timeout) => {
                 let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
@@ -183,6 +190,27 @@ impl Connection {
             }
         }
     }
+
+    /// The connection one `SCAN` pass runs on. On a node, one of the
+    /// pass's own that does not reconnect: a cursor means nothing to a
+    /// restarted Redis, and a manager reconnects unseen where RESP3 tells
+    /// it of the drop, so where `INFO` (and its run id) is denied only a
+    /// request failing on the dropped connection shows the restart. On a
+    /// cluster, the shared connection.
+    async fn for_pass(&self) -> Result<Live, RedisError> {
+        match &self.target {
+            Target::Node { client, .. } => {
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_response_timeout(Some(self.response_timeout))
+                    .set_connection_timeout(Some(self.response_timeout));
+                let connection = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                Ok(Live::Pass(connection))
+            }
+            Target::Cluster { .. } => self.get().await,
+        }
+    }
 }
 
 /// Every key matching a pattern, streamed with `SCAN … MATCH … COUNT`: a
@@ -193,10 +221,13 @@ impl Connection {
 /// one on a single node of a Redis Cluster reached as a plain Redis (its
 /// `SCAN` lists that node's slots only: use [`RedisSource::cluster`]; a
 /// cluster of one master serving every slot is read whole).
-/// Where `INFO` is denied, `ROLE` and `CLUSTER NODES` are asked instead, and
-/// a restart is noticed only by the connection failing; where those are
-/// denied too, a replica or a cluster node is not noticed. The user needs
-/// `SCAN` and `INFO` (and `CLUSTER NODES` and `CLUSTER SLOTS` on a cluster).
+/// Where `INFO` is denied, `ROLE` and `CLUSTER NODES` are asked instead;
+/// where those are denied too, a replica or a cluster node is not noticed.
+/// On a plain Redis each pass runs on a connection of its own that does not
+/// reconnect, so a restart fails the pass without `INFO` too; a cluster's
+/// connection reconnects on its own, and without `INFO` a master restarted
+/// during a pass is not noticed. The user needs `SCAN` and `INFO` (and
+/// `CLUSTER NODES` and `CLUSTER SLOTS` on a cluster).
 ///
 /// ```no_run
 /// use bloomguard::{Guard, redis::RedisSource};
@@ -257,6 +288,12 @@ impl RedisSource {
 
     /// Removes `prefix` from each key before it reaches the filter, so the
     /// guard holds the ids the application checks (`item:42` → `42`).
+    ///
+    /// The pattern is a glob: a prefix holding `[`, `*`, `?` or `\` is
+    /// written into it with a `\` before each (`shop\[eu]:*` for
+    /// `shop[eu]:`). A pattern that no key starting with the prefix can
+    /// match (`shop[eu]:*` matches `shope:1`, never `shop[eu]:1`) fails
+    /// every pass, saying so, rather than list nothing.
     #[must_use]
     pub fn strip_prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
         self.strip_prefix = Some(prefix.as_ref().to_vec());
@@ -282,6 +319,7 @@ impl RedisSource {
 
     async fn scan_page(
         &self,
+        live: &Live,
         node: Option<&MasterNode>,
         cursor: u64,
     ) -> Result<(u64, KeyBatch), RedisError> {
@@ -295,17 +333,18 @@ impl RedisSource {
         if let Some(key_type) = &self.key_type {
             command.arg("TYPE").arg(key_type);
         }
-        self.query_on(node, &command).await
+        self.query_on(live, node, &command).await
     }
 
     /// Runs `command` on `node` (a cluster's master, routed by address), or
     /// on the one node of a plain Redis.
     async fn query_on<T: redis::FromRedisValue>(
         &self,
+        live: &Live,
         node: Option<&MasterNode>,
         command: &redis::Cmd,
     ) -> Result<T, RedisError> {
-        match (self.connection.get().await?, node) {
+        match (live.clone(), node) {
             (Live::Cluster(mut cluster, timeout), Some(node)) => {
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                     host: node.host.clone(),
@@ -330,18 +369,22 @@ impl RedisSource {
     /// keys `MIGRATE` moves leave the topology unchanged until the slot
     /// changes owner, and could move from a master not yet scanned to one
     /// already scanned.
-    async fn serving_process(&self, node: Option<&MasterNode>) -> Result<String, RedisError> {
+    async fn serving_process(
+        &self,
+        live: &Live,
+        node: Option<&MasterNode>,
+    ) -> Result<String, RedisError> {
         // The default sections: `server` and `replication` among them (one
         // `INFO` may name only one section before Redis 7).
         let info = redis::cmd("INFO");
         // Where INFO is denied (an ACL) or has no run id (a proxy), a restart
-        // goes unnoticed here (the next SCAN on a plain node's connection
-        // fails on its own); `ROLE` and `CLUSTER NODES` are asked instead
+        // goes unnoticed here (on a plain node the pass's own connection
+        // fails instead); `ROLE` and `CLUSTER NODES` are asked instead
         // whether the node is a replica or one of a cluster.
-        let info = match self.query_on::<String>(node, &info).await {
+        let info = match self.query_on::<String>(live, node, &info).await {
             Ok(info) => Some(info),
             Err(error) => {
-                tracing::debug!(%error, "INFO refused: a restart during the pass goes unnoticed");
+                tracing::debug!(%error, "INFO refused: on a cluster, a master restarted during the pass goes unnoticed");
                 None
             }
         };
@@ -353,7 +396,7 @@ impl RedisSource {
         };
         let role = match field("role") {
             Some(role) => Some(role.to_owned()),
-            None if info.is_none() => self.role(node).await,
+            None if info.is_none() => self.role(live, node).await,
             None => None,
         };
         if matches!(role.as_deref(), Some("slave" | "replica")) {
@@ -369,11 +412,11 @@ impl RedisSource {
         let mut nodes = redis::cmd("CLUSTER");
         nodes.arg("NODES");
         let nodes: Option<String> = if node.is_some() || field("redis_mode") == Some("cluster") {
-            Some(self.query_on(node, &nodes).await?)
+            Some(self.query_on(live, node, &nodes).await?)
         } else if info.is_none() {
             // Refused on a plain Redis ("cluster support disabled"), or
             // denied: either way nothing to check.
-            self.query_on(node, &nodes).await.ok()
+            self.query_on(live, node, &nodes).await.ok()
         } else {
             None
         };
@@ -414,8 +457,8 @@ impl RedisSource {
     }
 
     /// The node's role by `ROLE` (`master`, `slave`), if it may be asked.
-    async fn role(&self, node: Option<&MasterNode>) -> Option<String> {
-        let reply: redis::Value = self.query_on(node, &redis::cmd("ROLE")).await.ok()?;
+    async fn role(&self, live: &Live, node: Option<&MasterNode>) -> Option<String> {
+        let reply: redis::Value = self.query_on(live, node, &redis::cmd("ROLE")).await.ok()?;
         match reply {
             redis::Value::Array(fields) => match fields.first()? {
                 redis::Value::BulkString(role) => String::from_utf8(role.clone()).ok(),
@@ -429,19 +472,20 @@ impl RedisSource {
     /// [`serving_process`](Self::serving_process) of every node of a pass.
     async fn serving_processes(
         &self,
+        live: &Live,
         nodes: &[Option<MasterNode>],
     ) -> Result<Vec<String>, RedisError> {
         let mut processes = Vec::with_capacity(nodes.len());
         for node in nodes {
-            processes.push(self.serving_process(node.as_ref()).await?);
+            processes.push(self.serving_process(live, node.as_ref()).await?);
         }
         Ok(processes)
     }
 
     /// The masters serving slots now, and a fingerprint of the topology
     /// (ids, addresses, config epochs, slots) to compare after a pass.
-    async fn masters(&self) -> Result<(Vec<MasterNode>, String), RedisError> {
-        let mut live = self.connection.get().await?;
+    async fn masters(&self, live: &Live) -> Result<(Vec<MasterNode>, String), RedisError> {
+        let mut live = live.clone();
         let nodes: String = redis::cmd("CLUSTER")
             .arg("NODES")
             .query_async(&mut live)
@@ -505,6 +549,30 @@ impl RedisSource {
         ))
     }
 
+    /// A pass of a pattern that cannot match the keys whose prefix it
+    /// strips would list none of them, and the guard would answer `Absent`
+    /// for each: refused.
+    fn pattern_admits_strip_prefix(&self) -> Result<(), RedisError> {
+        let Some(prefix) = &self.strip_prefix else {
+            return Ok(());
+        };
+        if glob_admits_prefix(self.pattern.as_bytes(), prefix) {
+            return Ok(());
+        }
+        let prefix = String::from_utf8_lossy(prefix);
+        let escaped: String = prefix
+            .chars()
+            .flat_map(|c| ["*?[\\".contains(c).then_some('\\'), Some(c)])
+            .flatten()
+            .collect();
+        Err(not_trusted(format!(
+            "the pattern `{}` matches no key that starts with `{prefix}`, the prefix the \
+             source strips: a glob character of the prefix needs a `\\` before it \
+             (`{escaped}*`)",
+            self.pattern
+        )))
+    }
+
     fn strip_prefix_from(&self, keys: &mut KeyBatch) {
         if let Some(prefix) = &self.strip_prefix {
             for key in keys.iter_mut().filter(|key| key.starts_with(prefix)) {
@@ -518,6 +586,64 @@ impl RedisSource {
 /// trusted: a pass that may have skipped keys, a short `MGET` reply.
 fn not_trusted(why: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> RedisError {
     RedisError::from(std::io::Error::other(why))
+}
+
+/// Whether a key that starts with `prefix` can match the `SCAN` glob
+/// `pattern`: false where the pattern reads a character of the prefix as
+/// glob syntax. Our own, as Redis's dialect (`\` escapes, `[^a-z]`
+/// classes) is no path glob's.
+fn glob_admits_prefix(pattern: &[u8], prefix: &[u8]) -> bool {
+    let mut at = 0;
+    for &byte in prefix {
+        match pattern.get(at) {
+            None => return false,
+            Some(b'*') => return true,
+            Some(b'?') => at += 1,
+            Some(b'[') => {
+                let (in_class, length) = class_admits(&pattern[at + 1..], byte);
+                if !in_class {
+                    return false;
+                }
+                at += 1 + length;
+            }
+            // A `\` last in the pattern is itself (as in Redis).
+            Some(b'\\') if at + 1 < pattern.len() => {
+                if pattern[at + 1] != byte {
+                    return false;
+                }
+                at += 2;
+            }
+            Some(&literal) => {
+                if literal != byte {
+                    return false;
+                }
+                at += 1;
+            }
+        }
+    }
+    true
+}
+
+/// Whether the `[…]` class whose body starts `class` (after its `[`)
+/// admits `byte`, and how many bytes the body takes with its `]`.
+fn class_admits(class: &[u8], byte: u8) -> (bool, usize) {
+    let negated = class.first() == Some(&b'^');
+    let mut at = usize::from(negated);
+    let mut admitted = false;
+    while at < class.len() && class[at] != b']' {
+        if class[at] == b'\\' && at + 1 < class.len() {
+            admitted |= class[at + 1] == byte;
+            at += 2;
+        } else if class.get(at + 1) == Some(&b'-') && at + 2 < class.len() {
+            let (low, high) = (class[at].min(class[at + 2]), class[at].max(class[at + 2]));
+            admitted |= (low..=high).contains(&byte);
+            at += 3;
+        } else {
+            admitted |= class[at] == byte;
+            at += 1;
+        }
+    }
+    (admitted != negated, (at + 1).min(class.len()))
 }
 
 /// Whether a `CLUSTER NODES` line's flags are a master's that serves: it
@@ -606,6 +732,7 @@ fn client_addresses(slots: redis::Value) -> HashMap<String, (String, u16)> {
 /// Where a pass is: which node (none: the one node of a plain Redis), and
 /// its cursor.
 struct Pass {
+    live: Live,
     nodes: Vec<Option<MasterNode>>,
     node: usize,
     cursor: u64,
@@ -624,15 +751,18 @@ impl KeySource for RedisSource {
             let mut pass = match pass {
                 Some(pass) => pass,
                 None => {
+                    self.pattern_admits_strip_prefix()?;
+                    let live = self.connection.for_pass().await?;
                     let (nodes, topology) = match &self.connection.target {
                         Target::Node { .. } => (vec![None], None),
                         Target::Cluster { .. } => {
-                            let (masters, topology) = self.masters().await?;
+                            let (masters, topology) = self.masters(&live).await?;
                             (masters.into_iter().map(Some).collect(), Some(topology))
                         }
                     };
                     Pass {
-                        processes: self.serving_processes(&nodes).await?,
+                        processes: self.serving_processes(&live, &nodes).await?,
+                        live,
                         nodes,
                         node: 0,
                         cursor: 0,
@@ -643,21 +773,23 @@ impl KeySource for RedisSource {
             let Some(node) = pass.nodes.get(pass.node) else {
                 return Ok::<_, RedisError>(None); // past the last page
             };
-            let (next, mut keys) = self.scan_page(node.as_ref(), pass.cursor).await?;
+            let (next, mut keys) = self
+                .scan_page(&pass.live, node.as_ref(), pass.cursor)
+                .await?;
             self.strip_prefix_from(&mut keys);
             pass.cursor = next;
             if next == 0 {
                 pass.node += 1;
                 if pass.node == pass.nodes.len() {
                     if let Some(before) = &pass.topology
-                        && self.masters().await?.1 != *before
+                        && self.masters(&pass.live).await?.1 != *before
                     {
                         return Err(not_trusted(
                             "the cluster's topology changed during the pass: some keys may have \
                              moved past it; the rebuild is retried",
                         ));
                     }
-                    if self.serving_processes(&pass.nodes).await? != pass.processes {
+                    if self.serving_processes(&pass.live, &pass.nodes).await? != pass.processes {
                         return Err(not_trusted(
                             "Redis restarted during the pass (another run id): its cursor \
                              skipped keys; the rebuild is retried",
@@ -691,9 +823,11 @@ impl fmt::Debug for RedisSource {
 /// `tower::Service` behind [`GuardLayer::for_loader`](crate::GuardLayer::for_loader).
 ///
 /// **String values only.** A key holding a hash, a list or a set is an
-/// error for `get` (Redis answers `WRONGTYPE`), but `MGET` answers it as
-/// nil, so a batch reads it as not found: an item the guard holds answered
-/// absent. For keys of another type (a [`RedisSource`] with
+/// error for `get` (Redis answers `WRONGTYPE`) and for a batch that holds
+/// it: `MGET` answers such a key nil, as a missing one, so an `EXISTS` of
+/// the same keys goes beside it (on the same connection, no second round
+/// trip), and a batch in which more keys exist than `MGET` found strings
+/// fails rather than answer one of them not found. For keys of another type (a [`RedisSource`] with
 /// [`key_type`](RedisSource::key_type) other than `string`), implement
 /// [`Loader`] with the command that reads them (`HGETALL`, `SMEMBERS`).
 #[derive(Clone)]
@@ -766,38 +900,53 @@ impl RedisLoader {
         &self,
         keys: &[K],
     ) -> Result<Vec<Option<Vec<u8>>>, RedisError> {
-        self.query_many(self.mget(keys)).await
+        self.query_many(self.batch(keys)).await
     }
 
-    /// The `MGET` for `keys`, built before any await so that the keys need
-    /// not outlive it; `None` for no keys.
-    fn mget<K: AsRef<[u8]>>(&self, keys: &[K]) -> Option<redis::Cmd> {
+    /// The `MGET` for `keys` and the `EXISTS` that goes beside it, built
+    /// before any await so that the keys need not outlive them; `None` for
+    /// no keys.
+    fn batch<K: AsRef<[u8]>>(&self, keys: &[K]) -> Option<(redis::Cmd, redis::Cmd)> {
         if keys.is_empty() {
             return None;
         }
-        let mut command = redis::cmd("MGET");
+        let (mut mget, mut exists) = (redis::cmd("MGET"), redis::cmd("EXISTS"));
         for key in keys {
-            command.arg(self.redis_key(key.as_ref()));
+            let key = self.redis_key(key.as_ref());
+            mget.arg(&key);
+            exists.arg(key);
         }
-        Some(command)
+        Some((mget, exists))
     }
 
     async fn query_many(
         &self,
-        mget: Option<redis::Cmd>,
+        batch: Option<(redis::Cmd, redis::Cmd)>,
     ) -> Result<Vec<Option<Vec<u8>>>, RedisError> {
-        let Some(command) = mget else {
+        let Some((mget, exists)) = batch else {
             return Ok(Vec::new());
         };
-        let asked = command.args_iter().count() - 1;
+        let asked = mget.args_iter().count() - 1;
         let mut manager = self.connection.get().await?;
-        let values: Vec<Option<Vec<u8>>> = command.query_async(&mut manager).await?;
+        let mut beside = manager.clone();
+        let (values, existing): (Vec<Option<Vec<u8>>>, usize) = futures_util::try_join!(
+            mget.query_async(&mut manager),
+            exists.query_async(&mut beside)
+        )?;
         // A proxy's odd reply (nil, one string) reads as a short array: the
         // keys left over would read as not found.
         if values.len() != asked {
             return Err(not_trusted(format!(
                 "MGET of {asked} keys answered {} values",
                 values.len()
+            )));
+        }
+        let found = values.iter().filter(|value| value.is_some()).count();
+        if existing > found {
+            return Err(not_trusted(format!(
+                "MGET answered nil for {} keys that exist: they hold no string (a hash, a \
+                 list: RedisLoader reads strings), or were written meanwhile",
+                existing - found
             )));
         }
         Ok(values)
@@ -818,8 +967,8 @@ impl<K: AsRef<[u8]> + Send + 'static> Loader<K> for RedisLoader {
         &self,
         keys: Vec<K>,
     ) -> impl Future<Output = Result<Vec<Option<Vec<u8>>>, RedisError>> + Send {
-        let (loader, mget) = (self.clone(), self.mget(&keys));
-        async move { loader.query_many(mget).await }
+        let (loader, batch) = (self.clone(), self.batch(&keys));
+        async move { loader.query_many(batch).await }
     }
 }
 
@@ -844,5 +993,42 @@ impl fmt::Debug for RedisLoader {
         f.debug_struct("RedisLoader")
             .field("prefix", &String::from_utf8_lossy(&self.prefix))
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_admits_prefix;
+
+    #[test]
+    fn a_glob_admits_a_prefix_only_where_its_keys_can_match() {
+        for (pattern, prefix, admits) in [
+            ("item:*", "item:", true),
+            ("item:[0-9]*", "item:", true),
+            ("*", "item:", true),
+            ("ite?:*", "item:", true),
+            ("item", "item:", false),
+            ("user:*", "item:", false),
+            // Glob syntax met by the prefix's own characters.
+            ("shop[eu]:*", "shop[eu]:", false),
+            (r"shop\[eu]:*", "shop[eu]:", true),
+            ("a*b:*", "a*b:", true),
+            (r"a\*b:*", "a*b:", true),
+            (r"a\\b:*", r"a\b:", true),
+            (r"a\b:*", r"a\b:", false),
+            // Classes: ranges either way round, negation, escapes, no `]`.
+            ("[a-c]x*", "bx", true),
+            ("[c-a]x*", "bx", true),
+            ("[^a-c]x*", "bx", false),
+            ("[^a-c]x*", "dx", true),
+            (r"[\]]x*", "]x", true),
+            ("[ab", "b", true),
+        ] {
+            assert_eq!(
+                glob_admits_prefix(pattern.as_bytes(), prefix.as_bytes()),
+                admits,
+                "{pattern} against {prefix}"
+            );
+        }
     }
 }

@@ -47,7 +47,9 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 /// equal by case or accent, or over `citext` or `char(n)`, fails. It should
 /// be indexed (a primary key is). A pass on a standby fails too: it may lack
 /// writes its primary took, for longer than any write settle (each page is
-/// checked, as a router balancing reads may send any page to one).
+/// checked, as a router balancing reads may send any page to one). A
+/// logical replica (a subscriber) is not in recovery and is not noticed:
+/// point the source at the primary.
 /// PostgreSQL 12 or later.
 ///
 /// ```no_run
@@ -137,6 +139,13 @@ impl PgSource {
 
     /// What the guard holds for a stored key, when the application checks
     /// something else than the column's text (a prefix, an encoding).
+    ///
+    /// Every check must then ask with the mapped key. A [`GuardedLoader`]
+    /// checks and loads with one key, and [`PgLoader`] queries the column
+    /// with it unchanged: over a `PgLoader`, leave the keys unmapped (or
+    /// load with a [`Loader`] of your own that takes the mapped key back).
+    ///
+    /// [`GuardedLoader`]: crate::GuardedLoader
     #[must_use]
     pub fn map_key(mut self, map: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static) -> Self {
         self.map_key = Some(Arc::new(map));

@@ -634,6 +634,19 @@ impl Guard {
         }
     }
 
+    /// Writes the key of a [`PendingWrite`] that ends into a rotating
+    /// guard's newest generation again: its write is in the store from now
+    /// on, so its window counts from here. Two rotations while it was open
+    /// dropped the generation `begin_write` wrote to.
+    pub(crate) fn renew_when_written(&self, hash: u64) {
+        if matches!(self.inner.lifecycle, Lifecycle::Rotate { .. }) {
+            let live = self.inner.live.load();
+            if let Some(newest) = live.newest() {
+                newest.filter.insert_hashed(hash);
+            }
+        }
+    }
+
     /// Reports what the backend answered for a key after `MaybePresent`:
     /// `found == false` is a false positive. (After `Warming`, report
     /// nothing, or only what was found: a miss there says nothing of the filter.)
@@ -1061,5 +1074,22 @@ mod tests {
         guard.insert_into(&loaded, hash);
         drop(loaded);
         assert_eq!(guard.check("stalled"), Verdict::MaybePresent);
+    }
+
+    /// A write held open (`begin_write`) while two rotations pass put its
+    /// key into a generation both dropped; the store holds the key once the
+    /// write ends, and its window counts from then, not from the begin.
+    #[test]
+    fn a_write_held_open_across_two_rotations_keeps_its_key_once_it_ends() {
+        let guard = Guard::builder()
+            .expected_items(1_000)
+            .lifecycle(Lifecycle::rotate(2, Duration::from_secs(3600)))
+            .build()
+            .unwrap();
+        let pending = guard.begin_write("slow");
+        guard.rotate().unwrap();
+        guard.rotate().unwrap();
+        drop(pending); // the write is in the store now
+        assert_eq!(guard.check("slow"), Verdict::MaybePresent);
     }
 }

@@ -14,7 +14,9 @@ pub enum Lifecycle {
     /// `generations` filters, each open for inserts for `period`: a query ORs
     /// them, an insert goes to the newest, and every `period` the oldest is
     /// dropped and a fresh one opened. A key stays present for at least
-    /// `(generations − 1) × period` and at most `generations × period`:
+    /// `(generations − 1) × period` and at most `generations × period`
+    /// (counted from the insert, or from the drop of a write's
+    /// [`PendingWrite`](crate::PendingWrite), when the write landed):
     /// "seen in the last 30 days" without deletion, in bounded memory.
     ///
     /// `expected_items` is per generation, and each generation is sized for

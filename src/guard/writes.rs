@@ -80,6 +80,9 @@ impl std::fmt::Debug for WriteTracker {
 /// timeout, then it fails with
 /// [`RebuildError::WritesStillOpen`](crate::RebuildError::WritesStillOpen)),
 /// so the key is in the rebuilt filter whether the scan sees the write or not.
+/// On a rotating guard the drop writes the key into the newest generation
+/// again: the key's window counts from the write landing, however many
+/// rotations passed while it was open.
 ///
 /// Made by [`Guard::begin_write`](crate::Guard::begin_write); most code uses
 /// [`Guard::insert_then_write`](crate::Guard::insert_then_write) instead. It
@@ -107,6 +110,7 @@ pub(crate) enum HeldIn {
 
 impl Drop for PendingWrite {
     fn drop(&mut self) {
+        self.guard.renew_when_written(self.hash);
         self.guard.close_pending_write(self.hash, self.timed);
         match &self.held {
             HeldIn::Guard(stripe) => self.guard.inner.live.writes().exit(*stripe),

@@ -793,6 +793,119 @@ mod cluster {
         assert_eq!(report.keys, KEYS);
     }
 
+    /// A slot moved whole (its keys migrated, then its owner changed on both
+    /// masters) from the master a pass reads last to the one it is reading:
+    /// the moved keys may land behind that master's cursor, and no master
+    /// shows a migration any more by the end. The topology read at the end
+    /// differs from the one read at the start: the pass fails, and the
+    /// retry reads every key.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slot_moved_whole_during_a_pass_fails_it() {
+        const MOVED: u64 = 2_000;
+        let cluster = RedisCluster::start();
+        populate(&cluster).await;
+        let connect = |port: u16| {
+            redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                .unwrap()
+                .get_connection()
+                .unwrap()
+        };
+        // A pass reads the masters in the order of their ids.
+        let mut masters: Vec<(String, u16)> = cluster
+            .masters()
+            .into_iter()
+            .map(|port| {
+                let id = redis::cmd("CLUSTER").arg("MYID").query(&mut connect(port));
+                (id.unwrap(), port)
+            })
+            .collect();
+        masters.sort();
+        let ((to_id, to), (from_id, from)) = (masters[0].clone(), masters[2].clone());
+        // Keys enough in one slot of the last master that some land behind
+        // the first one's cursor.
+        let tag = (0..)
+            .map(|i| format!("moved{i}"))
+            .find(|tag| cluster.master_of(&format!("item:{{{tag}}}")) == from)
+            .unwrap();
+        let mut writes = connect(from);
+        for i in 0..MOVED {
+            let () = redis::cmd("SET")
+                .arg(format!("item:{{{tag}}}:{i}"))
+                .arg("x")
+                .query(&mut writes)
+                .unwrap();
+        }
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&tag)
+            .query(&mut writes)
+            .unwrap();
+        let move_slot = move || -> Act {
+            let (to_id, from_id) = (to_id.clone(), from_id.clone());
+            Box::pin(async move {
+                let (mut target, mut source) = (connect(to), connect(from));
+                let set_slot = |node: &mut redis::Connection, state: &[&str]| {
+                    redis::cmd("CLUSTER")
+                        .arg("SETSLOT")
+                        .arg(slot)
+                        .arg(state)
+                        .exec(node)
+                        .unwrap();
+                };
+                set_slot(&mut target, &["IMPORTING", &from_id]);
+                set_slot(&mut source, &["MIGRATING", &to_id]);
+                let keys: Vec<String> = redis::cmd("CLUSTER")
+                    .arg("GETKEYSINSLOT")
+                    .arg(slot)
+                    .arg(MOVED + 10)
+                    .query(&mut source)
+                    .unwrap();
+                redis::cmd("MIGRATE")
+                    .arg(&["127.0.0.1", &to.to_string(), "", "0", "10000", "KEYS"][..])
+                    .arg(keys)
+                    .exec(&mut source)
+                    .unwrap();
+                set_slot(&mut target, &["NODE", &to_id]);
+                set_slot(&mut source, &["NODE", &to_id]);
+            })
+        };
+        let moved_once = AtomicBool::new(false);
+        let guard = guard_from(super::ActsMidPass {
+            source: RedisSource::cluster(cluster.client(), "item:*")
+                .count(100)
+                .strip_prefix("item:"),
+            act: move || -> Act {
+                if moved_once.swap(true, Ordering::Relaxed) {
+                    Box::pin(async {})
+                } else {
+                    move_slot()
+                }
+            },
+        });
+        match guard.rebuild().await {
+            Err(failed) => assert!(matches!(failed, RebuildError::Source(_)), "{failed}"),
+            Ok(report) => panic!(
+                "a pass across a slot's move was taken as whole ({} of {} keys read)",
+                report.keys,
+                KEYS + MOVED
+            ),
+        }
+        assert!(guard.is_warming(), "no partial filter was swapped in");
+        // Once every node has heard of the move, a pass reads every key.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let report = loop {
+            match guard.rebuild().await {
+                Ok(report) => break report,
+                Err(error) => assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no pass succeeded after the move: {error}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(report.keys, KEYS + MOVED);
+    }
+
     /// A source that kills a master after its first page.
     struct KillsAMasterMidPass {
         source: RedisSource,

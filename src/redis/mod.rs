@@ -826,8 +826,10 @@ impl fmt::Debug for RedisSource {
 /// error for `get` (Redis answers `WRONGTYPE`) and for a batch that holds
 /// it: `MGET` answers such a key nil, as a missing one, so an `EXISTS` of
 /// the same keys goes beside it (on the same connection, no second round
-/// trip), and a batch in which more keys exist than `MGET` found strings
-/// fails rather than answer one of them not found. For keys of another type (a [`RedisSource`] with
+/// trip). Where more keys exist than `MGET` found strings, the nil keys'
+/// `TYPE`s are asked (a second round trip), and a batch holding one of
+/// another type fails rather than answer it not found; a key written
+/// between the two commands is a string, and its nil stands. For keys of another type (a [`RedisSource`] with
 /// [`key_type`](RedisSource::key_type) other than `string`), implement
 /// [`Loader`] with the command that reads them (`HGETALL`, `SMEMBERS`).
 #[derive(Clone)]
@@ -900,33 +902,25 @@ impl RedisLoader {
         &self,
         keys: &[K],
     ) -> Result<Vec<Option<Vec<u8>>>, RedisError> {
-        self.query_many(self.batch(keys)).await
+        self.query_many(self.redis_keys(keys)).await
     }
 
-    /// The `MGET` for `keys` and the `EXISTS` that goes beside it, built
-    /// before any await so that the keys need not outlive them; `None` for
-    /// no keys.
-    fn batch<K: AsRef<[u8]>>(&self, keys: &[K]) -> Option<(redis::Cmd, redis::Cmd)> {
+    /// The Redis keys of `keys`, taken before any await so that the keys
+    /// need not outlive it.
+    fn redis_keys<K: AsRef<[u8]>>(&self, keys: &[K]) -> Vec<Vec<u8>> {
+        keys.iter()
+            .map(|key| self.redis_key(key.as_ref()))
+            .collect()
+    }
+
+    async fn query_many(&self, keys: Vec<Vec<u8>>) -> Result<Vec<Option<Vec<u8>>>, RedisError> {
         if keys.is_empty() {
-            return None;
+            return Ok(Vec::new());
         }
         let (mut mget, mut exists) = (redis::cmd("MGET"), redis::cmd("EXISTS"));
-        for key in keys {
-            let key = self.redis_key(key.as_ref());
-            mget.arg(&key);
-            exists.arg(key);
-        }
-        Some((mget, exists))
-    }
-
-    async fn query_many(
-        &self,
-        batch: Option<(redis::Cmd, redis::Cmd)>,
-    ) -> Result<Vec<Option<Vec<u8>>>, RedisError> {
-        let Some((mget, exists)) = batch else {
-            return Ok(Vec::new());
-        };
-        let asked = mget.args_iter().count() - 1;
+        mget.arg(&keys);
+        exists.arg(&keys);
+        let asked = keys.len();
         let mut manager = self.connection.get().await?;
         let mut beside = manager.clone();
         let (values, existing): (Vec<Option<Vec<u8>>>, usize) = futures_util::try_join!(
@@ -943,11 +937,34 @@ impl RedisLoader {
         }
         let found = values.iter().filter(|value| value.is_some()).count();
         if existing > found {
-            return Err(not_trusted(format!(
-                "MGET answered nil for {} keys that exist: they hold no string (a hash, a \
-                 list: RedisLoader reads strings), or were written meanwhile",
-                existing - found
-            )));
+            // Either a key holds no string, or one was written between the
+            // two commands (its nil is then the answer of the moment before):
+            // each nil key's type tells which.
+            let nil_keys = keys
+                .iter()
+                .zip(&values)
+                .filter(|(_, value)| value.is_none())
+                .map(|(key, _)| key);
+            let types = futures_util::future::try_join_all(nil_keys.map(|key| {
+                let mut connection = manager.clone();
+                let mut command = redis::cmd("TYPE");
+                command.arg(key);
+                async move {
+                    let kind: String = command.query_async(&mut connection).await?;
+                    Ok::<_, RedisError>((key, kind))
+                }
+            }))
+            .await?;
+            if let Some((key, kind)) = types
+                .into_iter()
+                .find(|(_, kind)| kind != "string" && kind != "none")
+            {
+                return Err(not_trusted(format!(
+                    "MGET answered nil for `{}`, which holds a {kind}: RedisLoader reads \
+                     strings (GET answers WRONGTYPE)",
+                    String::from_utf8_lossy(key)
+                )));
+            }
         }
         Ok(values)
     }
@@ -967,8 +984,8 @@ impl<K: AsRef<[u8]> + Send + 'static> Loader<K> for RedisLoader {
         &self,
         keys: Vec<K>,
     ) -> impl Future<Output = Result<Vec<Option<Vec<u8>>>, RedisError>> + Send {
-        let (loader, batch) = (self.clone(), self.batch(&keys));
-        async move { loader.query_many(batch).await }
+        let (loader, keys) = (self.clone(), self.redis_keys(&keys));
+        async move { loader.query_many(keys).await }
     }
 }
 

@@ -428,6 +428,8 @@ pub struct FleetSyncBuilder {
     redis: FleetRedis,
     name: String,
     settings: Settings,
+    /// The acknowledgement timeout given; 3 leases unless told.
+    ack_timeout: Option<Duration>,
 }
 
 impl FleetSyncBuilder {
@@ -445,7 +447,7 @@ impl FleetSyncBuilder {
     /// apply its insert (3 leases unless told) before it gives up, and the
     /// write is not made. At most [`MAX_DURATION`].
     pub fn ack_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.ack_timeout = timeout.min(MAX_DURATION);
+        self.ack_timeout = Some(timeout.min(MAX_DURATION));
         self
     }
 
@@ -491,7 +493,10 @@ impl FleetSyncBuilder {
     /// guard (unless another member follows it already): until a join has
     /// caught it up, it cannot show that it holds what the fleet's writers
     /// were told it does, so it answers `MaybePresent`.
-    pub fn build(self) -> FleetSync {
+    pub fn build(mut self) -> FleetSync {
+        self.settings.ack_timeout = self
+            .ack_timeout
+            .unwrap_or_else(|| (3 * self.settings.lease).min(MAX_DURATION));
         let fenced = !self.guard.in_fleet();
         if fenced {
             self.guard.set_fenced(true);
@@ -563,12 +568,13 @@ impl FleetSync {
             name: name.to_owned(),
             settings: Settings {
                 lease: Self::DEFAULT_LEASE,
-                ack_timeout: 3 * Self::DEFAULT_LEASE,
+                ack_timeout: Duration::ZERO, // set by `build`
                 stream_max_len: Self::DEFAULT_STREAM_MAX_LEN,
                 chunk_bytes: Self::DEFAULT_SNAPSHOT_CHUNK_BYTES,
                 snapshot_every: None,
                 replicas: 0,
             },
+            ack_timeout: None,
         }
     }
 
@@ -1159,6 +1165,29 @@ impl Drop for UnfinishedJoin {
 #[cfg(all(test, not(bloomguard_loom)))]
 mod tests {
     use super::*;
+
+    /// The acknowledgement timeout is 3 leases unless told, whichever
+    /// lease is set, and in whichever order.
+    #[test]
+    fn the_ack_timeout_follows_the_lease_unless_told() {
+        let built = |configure: fn(FleetSyncBuilder) -> FleetSyncBuilder| {
+            let guard = Guard::builder().expected_items(1_000).build().unwrap();
+            let client = Client::open("redis://127.0.0.1:1/").unwrap();
+            let member = configure(FleetSync::builder(guard, client, "t")).build();
+            member.inner.settings.ack_timeout
+        };
+        assert_eq!(built(|b| b), 3 * FleetSync::DEFAULT_LEASE);
+        assert_eq!(
+            built(|b| b.lease(Duration::from_secs(30))),
+            Duration::from_secs(90)
+        );
+        assert_eq!(
+            built(|b| b
+                .ack_timeout(Duration::from_secs(5))
+                .lease(Duration::from_secs(30))),
+            Duration::from_secs(5)
+        );
+    }
 
     fn member() -> FleetSync {
         let guard = Guard::builder().expected_items(1_000).build().unwrap();

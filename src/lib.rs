@@ -12,6 +12,7 @@
 #![doc = "[`RedisSource`]: crate::redis::RedisSource"]
 #![doc = "[`RedisLoader`]: crate::redis::RedisLoader"]
 #![doc = "[`FleetSync`]: crate::redis::FleetSync"]
+#![doc = "[fleet module docs]: crate::redis::fleet"]
 #![doc = "[`verify`]: crate::verify"]
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]

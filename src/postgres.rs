@@ -59,7 +59,9 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 /// let pool = sqlx::PgPool::connect("postgres://app@127.0.0.1/app").await?;
 /// let guard = Guard::builder()
 ///     .expected_items(10_000_000)
-///     .source(PgSource::new(pool, "items", "id").map_key(|id| format!("item:{id}").into_bytes()))
+///     // `id` is a `text` column; for another type list it as text:
+///     // `PgSource::from_query(pool, "SELECT id::text AS id FROM items", "id")`.
+///     .source(PgSource::new(pool, "items", "id"))
 ///     .build()?;
 /// # let _ = guard;
 /// # Ok(())
@@ -258,13 +260,20 @@ impl fmt::Debug for PgSource {
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use bloomguard::{Guard, GuardedLoader, postgres::PgLoader};
+/// use bloomguard::{Guard, GuardedLoader, postgres::{PgLoader, PgSource}};
 ///
 /// let pool = sqlx::PgPool::connect("postgres://app@127.0.0.1/app").await?;
-/// let guard = Guard::builder().expected_items(1_000_000).build()?;
+/// // The guard holds every `id` of the table (a `text` column), read by its
+/// // rebuilds: a guard told of no key answers `Absent` for all of them.
+/// let guard = Guard::builder()
+///     .expected_items(1_000_000)
+///     .source(PgSource::new(pool.clone(), "items", "id"))
+///     .build()?;
+/// let maintenance = guard.spawn_maintenance();
+/// guard.ready().await;
 /// let names = GuardedLoader::new(guard, PgLoader::<String>::new(pool, "items", "id", "name"));
 /// let name = names.get("42").await?;
-/// # let _ = name;
+/// # let _ = (name, maintenance);
 /// # Ok(())
 /// # }
 /// ```

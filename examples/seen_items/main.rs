@@ -10,11 +10,12 @@
 //! ```
 //!
 //! It draws a seen history (users by Zipf activity, items by Zipf
-//! popularity), writes it to the store — an embedded in-memory store, or
-//! Redis when `REDIS_URL` is set — and builds the guard from the store as a
+//! popularity), writes it to the store — an embedded in-memory store, Redis
+//! when `REDIS_URL` is set, a Redis Cluster with `REDIS_CLUSTER_URLS`,
+//! PostgreSQL with `DATABASE_URL` — and builds the guard from the store as a
 //! `KeySource`. Then it replays feed requests (120 candidates each, 97 %
-//! unseen by default) through `GuardedLoader::contains_many`: one `check_many`,
-//! one batch lookup (MGET) for the "maybe" candidates (`--verify sample:F` or
+//! unseen by default) through `GuardedLoader::contains_many`: `check_many`
+//! (64 keys at a time), one batch lookup (MGET) for the "maybe" candidates (`--verify sample:F` or
 //! `none` trusts most or all of them instead). Users keep seeing new
 //! items, so the history grows while it runs, the filter's drift rises and
 //! the maintenance task rebuilds it (or rotates windows, `--lifecycle

@@ -595,7 +595,11 @@ impl<K, ResBody> GuardLayer<HttpPolicy<K, ResBody>> {
     /// use axum::{Router, extract::Path, http::Method, routing::get};
     /// use bloomguard::{Guard, GuardLayer, layer::PathKey};
     ///
+    /// // The guard must hold every id the store holds: from a source that
+    /// // rebuilds it (see the crate docs), or, as here, inserted. Every
+    /// // other id is answered 404 without calling the handler.
     /// let guard = Guard::builder().expected_items(1_000_000).build()?;
+    /// guard.insert("42");
     /// let app: Router = Router::new()
     ///     // The guard's key is the decoded `{id}`, the very string the handler gets.
     ///     .route("/items/{id}", get(|Path(id): Path<String>| async move { id }))

@@ -158,7 +158,8 @@ impl GuardBuilder {
     ///
     /// # Errors
     /// [`ConfigError`] naming the first option out of range: zero items, a
-    /// rate outside (0, 1), a lifecycle or rebuild parameter out of range,
+    /// rate outside (0, 1), a lifecycle or rebuild parameter out of range
+    /// (a rotating guard's write settle must be shorter than its window),
     /// a `maintenance_interval` of zero or over 100 years,
     /// a staleness fraction outside (0, 1], or a first filter over the
     /// memory budget.
@@ -167,6 +168,20 @@ impl GuardBuilder {
         check_duration("maintenance_interval", self.maintenance_interval)?;
         self.lifecycle.validate()?;
         self.rebuild_policy.validate(self.false_positive_rate)?;
+        // A write lands within the settle of its insert, and the window
+        // counts from the insert: a settle as long lets a key leave first.
+        if let Lifecycle::Rotate {
+            generations,
+            period,
+        } = self.lifecycle
+            && self.rebuild_policy.write_settle >= period.saturating_mul(generations as u32 - 1)
+        {
+            return Err(ConfigError::out_of_range(
+                "write_settle",
+                format!("{:?}", self.rebuild_policy.write_settle),
+                "a duration shorter than a rotating guard's window, (generations − 1) × period",
+            ));
+        }
         let first_rate = self.lifecycle.first_filter_rate(self.false_positive_rate);
         // Sizing the first filter checks items, rate and budget, even for a
         // guard that only builds it after its first scan.

@@ -627,6 +627,7 @@ mod tests {
             .expected_items(1_000)
             .seed(7)
             .lifecycle(crate::Lifecycle::rotate(2, Duration::from_millis(1)))
+            .rebuild_policy(crate::RebuildPolicy::default().write_settle(Duration::ZERO))
             .source(crate::source::from_fn(Vec::<Vec<u8>>::new))
             .build()
             .unwrap();

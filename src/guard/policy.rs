@@ -16,8 +16,12 @@ pub enum Lifecycle {
     /// dropped and a fresh one opened. A key stays present for at least
     /// `(generations − 1) × period` and at most `generations × period`
     /// (counted from the insert, or from the drop of a write's
-    /// [`PendingWrite`](crate::PendingWrite), when the write landed):
-    /// "seen in the last 30 days" without deletion, in bounded memory.
+    /// [`PendingWrite`](crate::PendingWrite), when the write landed; on the
+    /// other members of a fleet, from the write's first append, or from its
+    /// second where the write took over half the write settle):
+    /// "seen in the last 30 days" without deletion, in bounded memory. The
+    /// write settle must be shorter than the window: a key could otherwise
+    /// leave before its write lands.
     ///
     /// `expected_items` is per generation, and each generation is sized for
     /// `false_positive_rate / generations`, so that the OR meets the target.

@@ -794,6 +794,20 @@ fn bad_options_are_named_errors() {
         ),
         "write_settle"
     );
+    // A write lands within the settle of its insert, and a rotating guard
+    // keeps the key for its window from the insert: a settle as long as the
+    // window lets a key leave before its write lands (and a fleet member,
+    // which counts from the write's first append, forget a write that the
+    // writer still holds open).
+    assert_eq!(
+        out_of_range(
+            Guard::builder()
+                .lifecycle(Lifecycle::rotate(3, Duration::from_millis(500)))
+                .rebuild_policy(RebuildPolicy::default().write_settle(Duration::from_secs(1)))
+                .build()
+        ),
+        "write_settle"
+    );
     assert_eq!(
         out_of_range(
             Guard::builder()

@@ -1066,7 +1066,9 @@ impl Drop for MembershipEnds {
 /// holds the key. Make the store write, then call [`finish`](Self::finish).
 /// Dropped unfinished, it is taken for a fast write: one slower than half
 /// the write settle may then be missed by a member whose rebuild read its
-/// source before the write landed, until that member's next rebuild.
+/// source before the write landed, until that member's next rebuild, and on
+/// a rotating guard the other members count the key's window from the first
+/// append, not from the write landing.
 #[must_use = "call `finish` once the store write has landed"]
 pub struct FleetWrite {
     fleet: FleetSync,
@@ -1084,7 +1086,8 @@ impl FleetWrite {
     ///
     /// # Errors
     /// The second append or its acknowledgement failed: a member rebuilding
-    /// now may miss the key until its next rebuild.
+    /// now may miss the key until its next rebuild, and on a rotating guard
+    /// a member that did not apply it counts the key's window from the first.
     pub async fn finish(self) -> Result<(), FleetError> {
         let settle = self.fleet.inner.guard.write_settle();
         if self.appended_at.elapsed() > settle / 2 && !self.keys.is_empty() {

@@ -27,6 +27,8 @@ pub const INSERTS_TOTAL: &str = "bloomguard_inserts_total";
 pub const FALSE_POSITIVES_TOTAL: &str = "bloomguard_false_positives_total";
 /// Keys found in the store after an `Absent` answer (staleness check).
 pub const STALE_NEGATIVES_TOTAL: &str = "bloomguard_stale_negatives_total";
+/// Staleness checks that got no answer from the store (error, timeout, panic).
+pub const STALENESS_CHECKS_FAILED_TOTAL: &str = "bloomguard_staleness_checks_failed_total";
 /// Rebuild attempts, by `outcome` (`succeeded`, `failed`, `timed_out`, `cancelled`).
 pub const REBUILDS_TOTAL: &str = "bloomguard_rebuilds_total";
 /// How long rebuild attempts took.
@@ -98,6 +100,11 @@ pub fn describe() {
         STALE_NEGATIVES_TOTAL,
         Unit::Count,
         "Keys found in the store after an absent verdict (stale filter)"
+    );
+    describe_counter!(
+        STALENESS_CHECKS_FAILED_TOTAL,
+        Unit::Count,
+        "Staleness checks the store did not answer (error, timeout, panic)"
     );
     describe_counter!(REBUILDS_TOTAL, Unit::Count, "Rebuild attempts, by outcome");
     describe_histogram!(
@@ -224,6 +231,8 @@ impl Guard {
         counter!(INSERTS_TOTAL, "guard" => name.clone()).absolute(stats.inserts);
         counter!(FALSE_POSITIVES_TOTAL, "guard" => name.clone()).absolute(stats.false_positives);
         counter!(STALE_NEGATIVES_TOTAL, "guard" => name.clone()).absolute(stats.stale_negatives);
+        counter!(STALENESS_CHECKS_FAILED_TOTAL, "guard" => name.clone())
+            .absolute(stats.staleness_checks_failed);
         for (outcome, value) in [
             ("succeeded", stats.rebuilds.succeeded),
             ("failed", stats.rebuilds.failed),

@@ -140,8 +140,12 @@ impl GuardBuilder {
     /// Samples `fraction` (in (0, 1]) of the `Absent` answers and asks `exists` whether
     /// the store has the key anyway, off the request path, in the
     /// maintenance task. A key found there was written without
-    /// [`Guard::insert`]: the filter is stale. The guard counts it
-    /// ([`GuardStats::stale_negatives`](super::GuardStats::stale_negatives)), logs it and rebuilds.
+    /// [`Guard::insert`]: the filter is stale. The guard inserts it, counts
+    /// it ([`GuardStats::stale_negatives`](super::GuardStats::stale_negatives)),
+    /// logs it and, with a source, rebuilds (other keys may have been written
+    /// so). A check that fails, times out (5 s) or panics is counted in
+    /// [`GuardStats::staleness_checks_failed`](super::GuardStats::staleness_checks_failed)
+    /// and logged at WARN (the 1st, 2nd, 4th… time).
     ///
     /// A sampled answer costs one copy of the key; when the queue of keys to
     /// verify is full, samples are dropped.

@@ -1,9 +1,11 @@
 //! The background task that applies a guard's policies.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -208,26 +210,46 @@ impl Guard {
 
     /// Asks the store about a key the guard answered `Absent` for.
     async fn verify_absent(&self, verifier: &Verifier, key: Vec<u8>) {
-        let answer = tokio::time::timeout(VERIFY_TIMEOUT, verifier.exists(key.clone())).await;
-        match answer {
+        // A panic in the user's check is a failed check, not the end of
+        // the task that rebuilds and rotates.
+        let asked = AssertUnwindSafe(async { verifier.exists(key.clone()).await }).catch_unwind();
+        let failure = match tokio::time::timeout(VERIFY_TIMEOUT, asked).await {
             // Re-checked after the store answered: an insert that preceded
             // the write the store just showed is in the filter by now.
-            Ok(Ok(true)) if self.peek(&key) == Verdict::Absent => {
+            Ok(Ok(Ok(true))) if self.peek(&key) == Verdict::Absent => {
+                // The store holds it: never `Absent` again, whether or not
+                // a rebuild follows (a guard without a source has none).
+                self.insert(&key);
                 self.inner.counters.add(Counter::StaleNegatives as usize, 1);
                 self.inner.stale.record();
                 // No key in the line: keys can be personal data.
                 tracing::warn!(
                     guard = %self.inner.name,
                     key_bytes = key.len(),
+                    rebuilding = self.inner.source.is_some(),
                     "stale filter: the store holds a key the guard answered absent for \
-                     (written without Guard::insert?); rebuilding"
+                     (written without Guard::insert?); inserted it"
+                );
+                None
+            }
+            Ok(Ok(Ok(_))) => None,
+            Ok(Ok(Err(error))) => Some(error.to_string()),
+            Ok(Err(_panic)) => Some("the check panicked".to_owned()),
+            Err(_) => Some(format!("no answer within {VERIFY_TIMEOUT:?}")),
+        };
+        if let Some(failure) = failure {
+            let counters = &self.inner.counters;
+            counters.add(Counter::StalenessChecksFailed as usize, 1);
+            let failed = counters.sum(Counter::StalenessChecksFailed as usize);
+            // The 1st, 2nd, 4th, 8th… failure: seen, without a line per sample.
+            if failed.is_power_of_two() {
+                tracing::warn!(
+                    guard = %self.inner.name,
+                    %failure,
+                    failed,
+                    "staleness check failed: stale answers go unnoticed while it fails"
                 );
             }
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => {
-                tracing::debug!(guard = %self.inner.name, %error, "staleness check failed");
-            }
-            Err(_) => tracing::debug!(guard = %self.inner.name, "staleness check timed out"),
         }
     }
 }

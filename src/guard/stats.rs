@@ -16,6 +16,8 @@ pub(crate) enum Counter {
     Found,
     FalsePositives,
     StaleNegatives,
+    /// Staleness checks that got no answer: an error, a timeout, a panic.
+    StalenessChecksFailed,
     Removed,
     ConfirmedAbsentHits,
     RedundantInserts,
@@ -27,7 +29,7 @@ pub(crate) enum Counter {
 }
 
 impl Counter {
-    pub(crate) const COUNT: usize = 14;
+    pub(crate) const COUNT: usize = 15;
 }
 
 /// Checks counted, and how many of them answered `MaybePresent` and `Warming`.
@@ -193,6 +195,10 @@ pub struct GuardStats {
     pub false_positives: u64,
     /// Keys the staleness check found in the store after an `Absent` answer.
     pub stale_negatives: u64,
+    /// Staleness checks that got no answer from the store (an error, a
+    /// timeout, a panic in the check): while they fail, `stale_negatives`
+    /// staying at 0 says nothing.
+    pub staleness_checks_failed: u64,
     /// `MaybePresent` answers turned into "absent" by a loader's cache of
     /// confirmed false positives (see
     /// [`GuardedLoader::confirmed_absent_cache`](crate::GuardedLoader::confirmed_absent_cache)),
@@ -325,6 +331,7 @@ impl Guard {
             found: count(Counter::Found),
             false_positives: outcomes.false_positives,
             stale_negatives: count(Counter::StaleNegatives),
+            staleness_checks_failed: count(Counter::StalenessChecksFailed),
             confirmed_absent_hits: count(Counter::ConfirmedAbsentHits),
             unverified_positives: outcomes.unverified,
             over_filtered,

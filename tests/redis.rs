@@ -796,9 +796,10 @@ mod cluster {
     /// A slot moved whole (its keys migrated, then its owner changed on both
     /// masters) from the master a pass reads last to the one it is reading:
     /// the moved keys may land behind that master's cursor, and no master
-    /// shows a migration any more by the end. The topology read at the end
-    /// differs from the one read at the start: the pass fails, and the
-    /// retry reads every key.
+    /// shows a migration any more by the end. The two masters' own slots,
+    /// read from each at both ends of the pass, differ (the topology read
+    /// at the end may too, where the node asked has heard of the move): the
+    /// pass fails, and the retry reads every key.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_slot_moved_whole_during_a_pass_fails_it() {
         const MOVED: u64 = 2_000;

@@ -643,6 +643,9 @@ impl Guard {
             let live = self.inner.live.load();
             if let Some(newest) = live.newest() {
                 newest.filter.insert_hashed(hash);
+                if !self.inner.live.is_current(&live) {
+                    self.follow_rotations(newest, hash);
+                }
             }
         }
     }

@@ -224,7 +224,9 @@ impl Connection {
 /// Where `INFO` is denied, `ROLE` and `CLUSTER NODES` are asked instead;
 /// where those are denied too, a replica or a cluster node is not noticed.
 /// On a plain Redis each pass runs on a connection of its own that does not
-/// reconnect, so a restart fails the pass without `INFO` too; a cluster's
+/// reconnect, so a restart that drops it fails the pass without `INFO` too
+/// (one behind a TCP proxy or a virtual address, which keeps the client's
+/// connection open, goes unnoticed without `INFO`); a cluster's
 /// connection reconnects on its own, and without `INFO` a master restarted
 /// during a pass is not noticed. The user needs `SCAN` and `INFO` (and
 /// `CLUSTER NODES` and `CLUSTER SLOTS` on a cluster).
@@ -358,9 +360,10 @@ impl RedisSource {
         }
     }
 
-    /// The process serving `node` now, by its run id: a restart (or a
-    /// failover to a replica) gives another, under which a `SCAN` cursor of
-    /// the old process means nothing, and the keys after it may be skipped.
+    /// The process serving `node` now, by its run id (and on a cluster its
+    /// own config epoch and slots): a restart (or a failover to a replica)
+    /// gives another, under which a `SCAN` cursor of the old process means
+    /// nothing, and the keys after it may be skipped.
     /// A replica fails the pass: it may not hold a write its master took,
     /// for longer than any write settle. So does one node of a cluster
     /// reached as a plain Redis (its `SCAN` ends after its own slots),
@@ -408,7 +411,7 @@ impl RedisSource {
                  point the RedisSource at the master"
             }));
         }
-        let run_id = field("run_id").unwrap_or_default().to_owned();
+        let mut process = field("run_id").unwrap_or_default().to_owned();
         let mut nodes = redis::cmd("CLUSTER");
         nodes.arg("NODES");
         let nodes: Option<String> = if node.is_some() || field("redis_mode") == Some("cluster") {
@@ -452,8 +455,18 @@ impl RedisSource {
                      node's slots only: use RedisSource::cluster",
                 ));
             }
+            // Its own config epoch and slots, which it knows first: a slot
+            // moved whole to or from it during the pass shows here even when
+            // the node asked for the topology has not heard of it yet.
+            if let Some(myself) = myself {
+                let fields: Vec<&str> = myself.split(' ').collect();
+                process.push_str(&format!(" {}", fields.get(6).unwrap_or(&"")));
+                for slots in fields.iter().skip(8) {
+                    process.push_str(&format!(" {slots}"));
+                }
+            }
         }
-        Ok(run_id)
+        Ok(process)
     }
 
     /// The node's role by `ROLE` (`master`, `slave`), if it may be asked.
@@ -597,7 +610,7 @@ fn glob_admits_prefix(pattern: &[u8], prefix: &[u8]) -> bool {
     for &byte in prefix {
         match pattern.get(at) {
             None => return false,
-            Some(b'*') => return true,
+            Some(b'*') => return can_match_something(&pattern[at + 1..]),
             Some(b'?') => at += 1,
             Some(b'[') => {
                 let (in_class, length) = class_admits(&pattern[at + 1..], byte);
@@ -619,6 +632,26 @@ fn glob_admits_prefix(pattern: &[u8], prefix: &[u8]) -> bool {
                 }
                 at += 1;
             }
+        }
+    }
+    can_match_something(&pattern[at..])
+}
+
+/// Whether some string matches the glob `pattern`: not where it holds a
+/// class that admits nothing (`[]`, or a `[` that ends the pattern).
+fn can_match_something(pattern: &[u8]) -> bool {
+    let mut at = 0;
+    while at < pattern.len() {
+        match pattern[at] {
+            b'\\' => at += 2,
+            b'[' => {
+                let class = &pattern[at + 1..];
+                if class.is_empty() || class[0] == b']' {
+                    return false;
+                }
+                at += 1 + class_admits(class, 0).1;
+            }
+            _ => at += 1,
         }
     }
     true
@@ -791,8 +824,9 @@ impl KeySource for RedisSource {
                     }
                     if self.serving_processes(&pass.live, &pass.nodes).await? != pass.processes {
                         return Err(not_trusted(
-                            "Redis restarted during the pass (another run id): its cursor \
-                             skipped keys; the rebuild is retried",
+                            "Redis restarted during the pass (another run id), or a master's \
+                             slots changed: its cursor may have skipped keys; the rebuild is \
+                             retried",
                         ));
                     }
                 }
@@ -829,9 +863,14 @@ impl fmt::Debug for RedisSource {
 /// trip). Where more keys exist than `MGET` found strings, the nil keys'
 /// `TYPE`s are asked (a second round trip), and a batch holding one of
 /// another type fails rather than answer it not found; a key written
-/// between the two commands is a string, and its nil stands. For keys of another type (a [`RedisSource`] with
+/// between the two commands is a string, and its nil stands. The check
+/// compares counts: a string key of the same batch deleted or expiring
+/// between the two commands can hide one such key from it (the batches
+/// around it fail). For keys of another type (a [`RedisSource`] with
 /// [`key_type`](RedisSource::key_type) other than `string`), implement
 /// [`Loader`] with the command that reads them (`HGETALL`, `SMEMBERS`).
+///
+/// The user needs `GET`, `MGET`, `EXISTS` and `TYPE`.
 #[derive(Clone)]
 pub struct RedisLoader {
     connection: Connection,
@@ -894,7 +933,8 @@ impl RedisLoader {
             .await
     }
 
-    /// `MGET`: the values of `keys`, in order, in one round trip.
+    /// `MGET`: the values of `keys`, in order, in one round trip (two where
+    /// a key may hold no string: see [`RedisLoader`]).
     ///
     /// # Errors
     /// As [`get`](Self::get).
@@ -1040,6 +1080,12 @@ mod tests {
             ("[^a-c]x*", "dx", true),
             (r"[\]]x*", "]x", true),
             ("[ab", "b", true),
+            // A rest that no key can match: an empty class, a `[` last.
+            ("item:[]*", "item:", false),
+            ("item:*[]", "item:", false),
+            ("item:[", "item:", false),
+            ("item:[^]*", "item:", true),
+            (r"item:\[*", "item:", true),
         ] {
             assert_eq!(
                 glob_admits_prefix(pattern.as_bytes(), prefix.as_bytes()),

@@ -94,7 +94,7 @@ pub fn describe() {
     describe_counter!(
         FALSE_POSITIVES_TOTAL,
         Unit::Count,
-        "Backend misses after a maybe-present verdict"
+        "Backend misses after a maybe-present verdict (and its confirmed-absent cache's answers)"
     );
     describe_counter!(
         STALE_NEGATIVES_TOTAL,

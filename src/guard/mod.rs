@@ -775,9 +775,12 @@ impl Guard {
     }
 
     pub(crate) fn count_confirmed_absent_hit(&self) {
-        self.inner
-            .counters
-            .add(Counter::ConfirmedAbsentHits as usize, 1);
+        let counters = &self.inner.counters;
+        counters.add(Counter::ConfirmedAbsentHits as usize, 1);
+        // The filter's false positive still, each time the key is asked:
+        // left out, a repeated one would pull the observed rate, and the
+        // verified sample's false share, down by how often it repeats.
+        counters.add(Counter::FalsePositives as usize, 1);
     }
 
     /// Reports that the store deleted `count` keys. A Bloom filter cannot

@@ -192,6 +192,8 @@ pub struct GuardStats {
     /// Backend answers "found" after a check that passed.
     pub found: u64,
     /// Backend answers "not found" after `MaybePresent`: false positives.
+    /// A `MaybePresent` answered by a loader's confirmed-absent cache (a
+    /// "not found" remembered) counts as one too.
     pub false_positives: u64,
     /// Keys the staleness check found in the store after an `Absent` answer.
     pub stale_negatives: u64,
@@ -202,7 +204,7 @@ pub struct GuardStats {
     /// `MaybePresent` answers turned into "absent" by a loader's cache of
     /// confirmed false positives (see
     /// [`GuardedLoader::confirmed_absent_cache`](crate::GuardedLoader::confirmed_absent_cache)),
-    /// without a backend call.
+    /// without a backend call (each counted in `false_positives` too).
     pub confirmed_absent_hits: u64,
     /// `MaybePresent` answers trusted as present without a backend call
     /// ([`Verify::Sample`](crate::Verify::Sample), [`Verify::None`](crate::Verify::None)).

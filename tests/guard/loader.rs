@@ -364,6 +364,10 @@ async fn confirmed_false_positives_are_cached_until_inserted_or_expired() {
     assert_eq!(loader.get("ghost").await.unwrap(), None);
     assert_eq!(gate.calls(), 1, "the confirmed answer is reused");
     assert_eq!(guard.stats().confirmed_absent_hits, 1);
+    // Still the filter's false positive, each time: a repeated one left out
+    // would pull the observed rate (and the verified sample's false share)
+    // down by how often it repeats.
+    assert_eq!(guard.stats().false_positives, 2);
     assert_eq!(
         loader.clone().confirmed_absent_entries(),
         1,

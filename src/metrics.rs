@@ -23,7 +23,8 @@ use crate::guard::{Guard, RebuildOutcome, RebuildReport};
 pub const CHECKS_TOTAL: &str = "bloomguard_checks_total";
 /// Keys inserted.
 pub const INSERTS_TOTAL: &str = "bloomguard_inserts_total";
-/// Backend answers "not found" after `MaybePresent`.
+/// Backend answers "not found" after `MaybePresent`, and those a loader's
+/// confirmed-absent cache remembered (for keys the verification samples).
 pub const FALSE_POSITIVES_TOTAL: &str = "bloomguard_false_positives_total";
 /// Keys found in the store after an `Absent` answer (staleness check).
 pub const STALE_NEGATIVES_TOTAL: &str = "bloomguard_stale_negatives_total";

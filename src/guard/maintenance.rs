@@ -131,6 +131,7 @@ impl Guard {
             backoff: Backoff::new(self.inner.rebuild_policy.retry_backoff),
             retry_at: None,
             warming_reported_at: None,
+            checks_failed_in_a_row: 0,
             _running: Running::count(&self.inner.maintenance_tasks, &self.inner.name),
         };
         let span = tracing::info_span!("bloomguard.maintenance", guard = %self.inner.name);
@@ -180,8 +181,11 @@ impl Guard {
                 return Some("estimated drift");
             }
             // Judged on the verified false positives' count (the evidence),
-            // at the rate that counts the trusted ones too.
-            let outcomes = self.outcomes_since_rebuild();
+            // at the rate that counts the trusted ones too; both as the
+            // backend answered them: one absent key a bot asks again and
+            // again, remembered by a loader's cache, is no drift, and a
+            // rebuild (same seed, same keys) would let it through again.
+            let outcomes = self.outcomes_since_rebuild().asked();
             if outcomes.false_positives >= MIN_OBSERVED_FALSE_POSITIVES
                 && outcomes.false_positives + outcomes.absent >= MIN_OBSERVED_OUTCOMES
                 && outcomes
@@ -208,8 +212,9 @@ impl Guard {
         Some(live.newest()?.opened_at + period)
     }
 
-    /// Asks the store about a key the guard answered `Absent` for.
-    async fn verify_absent(&self, verifier: &Verifier, key: Vec<u8>) {
+    /// Asks the store about a key the guard answered `Absent` for; returns
+    /// why the store gave no answer, if it did not.
+    async fn verify_absent(&self, verifier: &Verifier, key: Vec<u8>) -> Option<String> {
         // A panic in the user's check is a failed check, not the end of
         // the task that rebuilds and rotates.
         let asked = AssertUnwindSafe(async { verifier.exists(key.clone()).await }).catch_unwind();
@@ -237,20 +242,12 @@ impl Guard {
             Ok(Err(_panic)) => Some("the check panicked".to_owned()),
             Err(_) => Some(format!("no answer within {VERIFY_TIMEOUT:?}")),
         };
-        if let Some(failure) = failure {
-            let counters = &self.inner.counters;
-            counters.add(Counter::StalenessChecksFailed as usize, 1);
-            let failed = counters.sum(Counter::StalenessChecksFailed as usize);
-            // The 1st, 2nd, 4th, 8th… failure: seen, without a line per sample.
-            if failed.is_power_of_two() {
-                tracing::warn!(
-                    guard = %self.inner.name,
-                    %failure,
-                    failed,
-                    "staleness check failed: stale answers go unnoticed while it fails"
-                );
-            }
+        if failure.is_some() {
+            self.inner
+                .counters
+                .add(Counter::StalenessChecksFailed as usize, 1);
         }
+        failure
     }
 }
 
@@ -316,6 +313,8 @@ struct Task {
     retry_at: Option<Instant>,
     /// When the task last logged that the guard is still warming.
     warming_reported_at: Option<Instant>,
+    /// Staleness checks failed since the last one answered.
+    checks_failed_in_a_row: u64,
     /// Counts the task in `GuardStats::maintenance_running` until it is
     /// dropped: returned, panicked or cancelled alike.
     _running: Running,
@@ -433,9 +432,30 @@ impl Task {
             {
                 tokio::select! {
                     () = stop.cancelled() => break,
-                    () = guard.verify_absent(check, key) => {}
+                    failure = guard.verify_absent(check, key) => {
+                        self.report_failed_check(&guard, failure);
+                    }
                 }
             }
+        }
+    }
+
+    /// Logs a failing staleness check the 1st, 2nd, 4th, 8th… time in a
+    /// row: seen, without a line per sample, and seen at once again after
+    /// it answered meanwhile.
+    fn report_failed_check(&mut self, guard: &Guard, failure: Option<String>) {
+        let Some(failure) = failure else {
+            self.checks_failed_in_a_row = 0;
+            return;
+        };
+        self.checks_failed_in_a_row += 1;
+        if self.checks_failed_in_a_row.is_power_of_two() {
+            tracing::warn!(
+                guard = %guard.inner.name,
+                %failure,
+                in_a_row = self.checks_failed_in_a_row,
+                "staleness check failed: stale answers go unnoticed while it fails"
+            );
         }
     }
 

@@ -774,13 +774,17 @@ impl Guard {
         clock.inserted_since(self.hash(key), since)
     }
 
-    pub(crate) fn count_confirmed_absent_hit(&self) {
+    pub(crate) fn count_confirmed_absent_hit(&self, verified: bool) {
         let counters = &self.inner.counters;
         counters.add(Counter::ConfirmedAbsentHits as usize, 1);
         // The filter's false positive still, each time the key is asked:
         // left out, a repeated one would pull the observed rate, and the
-        // verified sample's false share, down by how often it repeats.
-        counters.add(Counter::FalsePositives as usize, 1);
+        // verified sample's false share, down by how often it repeats. Only
+        // for a key the verification samples: the share is the sample's.
+        if verified {
+            counters.add(Counter::FalsePositives as usize, 1);
+            counters.add(Counter::RememberedFalsePositives as usize, 1);
+        }
     }
 
     /// Reports that the store deleted `count` keys. A Bloom filter cannot

@@ -16,6 +16,9 @@ pub(crate) enum Counter {
     Found,
     FalsePositives,
     StaleNegatives,
+    /// Confirmed-absent cache hits counted as false positives (those of
+    /// keys the verification samples).
+    RememberedFalsePositives,
     /// Staleness checks that got no answer: an error, a timeout, a panic.
     StalenessChecksFailed,
     Removed,
@@ -29,7 +32,7 @@ pub(crate) enum Counter {
 }
 
 impl Counter {
-    pub(crate) const COUNT: usize = 15;
+    pub(crate) const COUNT: usize = 16;
 }
 
 /// Checks counted, and how many of them answered `MaybePresent` and `Warming`.
@@ -91,6 +94,9 @@ pub(crate) struct Outcomes {
     pub(crate) true_positives: u64,
     /// `MaybePresent` verdicts trusted without asking.
     pub(crate) unverified: u64,
+    /// Of `false_positives`, those a loader's confirmed-absent cache
+    /// answered: a "not found" remembered, not asked again.
+    pub(crate) remembered: u64,
 }
 
 impl Outcomes {
@@ -100,6 +106,17 @@ impl Outcomes {
             false_positives: self.false_positives.saturating_sub(before.false_positives),
             true_positives: self.true_positives.saturating_sub(before.true_positives),
             unverified: self.unverified.saturating_sub(before.unverified),
+            remembered: self.remembered.saturating_sub(before.remembered),
+        }
+    }
+
+    /// The outcomes the backend answered: without the remembered false
+    /// positives, which one key asked again and again can fill.
+    pub(crate) fn asked(self) -> Self {
+        Self {
+            false_positives: self.false_positives.saturating_sub(self.remembered),
+            remembered: 0,
+            ..self
         }
     }
 
@@ -178,7 +195,8 @@ pub struct GuardStats {
     pub name: String,
     /// Checks by verdict.
     pub checks: VerdictCounts,
-    /// Calls of `insert` (and `begin_write`).
+    /// Calls of `insert` (and `begin_write`), and the keys the staleness
+    /// check found in the store and inserted.
     pub inserts: u64,
     /// Inserts that set no new bit in the newest filter: a key inserted
     /// before, or (about the false-positive rate of the time) one whose
@@ -193,7 +211,8 @@ pub struct GuardStats {
     pub found: u64,
     /// Backend answers "not found" after `MaybePresent`: false positives.
     /// A `MaybePresent` answered by a loader's confirmed-absent cache (a
-    /// "not found" remembered) counts as one too.
+    /// "not found" remembered) counts as one too, for a key the
+    /// verification samples (every key, unless it samples).
     pub false_positives: u64,
     /// Keys the staleness check found in the store after an `Absent` answer.
     pub stale_negatives: u64,
@@ -204,7 +223,8 @@ pub struct GuardStats {
     /// `MaybePresent` answers turned into "absent" by a loader's cache of
     /// confirmed false positives (see
     /// [`GuardedLoader::confirmed_absent_cache`](crate::GuardedLoader::confirmed_absent_cache)),
-    /// without a backend call (each counted in `false_positives` too).
+    /// without a backend call (counted in `false_positives` too, where the
+    /// verification samples the key).
     pub confirmed_absent_hits: u64,
     /// `MaybePresent` answers trusted as present without a backend call
     /// ([`Verify::Sample`](crate::Verify::Sample), [`Verify::None`](crate::Verify::None)).
@@ -401,6 +421,7 @@ impl Guard {
             false_positives: count(Counter::FalsePositives),
             true_positives: count(Counter::TruePositives),
             unverified: count(Counter::UnverifiedPositives),
+            remembered: count(Counter::RememberedFalsePositives),
         }
     }
 

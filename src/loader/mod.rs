@@ -601,7 +601,7 @@ where
                     .as_ref()
                     .is_some_and(|cache| cache.is_absent(guard, key));
                 if confirmed {
-                    guard.count_confirmed_absent_hit();
+                    guard.count_confirmed_absent_hit(verify.verifies(key));
                     Route::Absent
                 } else if verify.verifies(key) {
                     Route::Ask

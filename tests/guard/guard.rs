@@ -12,8 +12,8 @@ use std::time::Duration;
 use crate::common::{absent_keys, keys, three_sigma_limit, wait_until};
 use bloomguard::source::{self, KeyBatch, KeySource, KeyStream, SourceError};
 use bloomguard::{
-    AtomicBloom, ConfigError, FilterParameter, Guard, GuardBuilder, Lifecycle, RebuildError,
-    RebuildOutcome, RebuildPolicy, Verdict,
+    AtomicBloom, ConfigError, FilterParameter, Guard, GuardBuilder, GuardedLoader, Lifecycle,
+    RebuildError, RebuildOutcome, RebuildPolicy, Verdict,
 };
 use futures_core::Stream;
 
@@ -1224,6 +1224,45 @@ async fn a_saturated_guard_reports_its_drift_and_rebuilds() {
     let stats = guard.stats();
     assert!(stats.estimated_drift < 1.0, "after the rebuild: {stats:?}");
     assert_all_present(&guard, &overfill, "after the rebuild");
+    maintenance.shutdown().await;
+}
+
+/// One absent key asked again and again (a bot on a missing id) that the
+/// filter lets through: a loader's confirmed-absent cache answers it after
+/// the first ask. Its hits are false positives, but one key is no evidence
+/// of drift: a rebuild (same seed, same keys) lets it through again, and
+/// rebuilding on it would rescan the store every tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_hot_false_positive_is_no_evidence_of_drift() {
+    let store = store_with(&keys(0, 1_000));
+    let policy = RebuildPolicy::default().when_drift_exceeds(2.0);
+    let guard = maintained(1_000, &store, policy).build().unwrap();
+    guard.rebuild().await.unwrap();
+    let ghost = (0..)
+        .map(|i| format!("ghost:{i}"))
+        .find(|key| guard.check(key) == Verdict::MaybePresent)
+        .unwrap();
+    let held = Arc::clone(&store);
+    let loader = GuardedLoader::new(guard.clone(), move |key: String| {
+        let found = held.read().unwrap().contains(key.as_bytes());
+        async move { Ok::<_, std::io::Error>(found.then_some(())) }
+    })
+    .confirmed_absent_cache(100, Duration::from_secs(600))
+    .unwrap();
+    let maintenance = guard.spawn_maintenance();
+    for (i, absent) in absent_keys(0, 20_000).into_iter().enumerate() {
+        assert_eq!(loader.get(&absent).await.unwrap(), None);
+        if i % 20 == 0 {
+            assert_eq!(loader.get(&ghost).await.unwrap(), None);
+        }
+    }
+    assert!(guard.stats().confirmed_absent_hits >= 900);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        guard.stats().rebuilds.succeeded,
+        1,
+        "rebuilt on one hot key"
+    );
     maintenance.shutdown().await;
 }
 

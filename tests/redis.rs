@@ -233,54 +233,8 @@ async fn redis_killed_mid_scan_leaves_the_old_filter_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_across_a_redis_restart_fails() {
     let server = RedisServer::start();
-    server.populate(0..100_000);
-    let source = RedisSource::new(server.client(), "item:*")
-        .strip_prefix("item:")
-        .count(100);
-    let guard = Guard::builder()
-        .expected_items(200_000)
-        .source(ActsMidPass {
-            source,
-            // Restarts Redis (same port, same keys) once, and gives the
-            // connection time to come back before the next page.
-            act: {
-                let server = std::sync::Arc::new(std::sync::Mutex::new(server));
-                let restarted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-                move || -> Act {
-                    let (server, restarted) = (server.clone(), restarted.clone());
-                    Box::pin(async move {
-                        if restarted.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                            return;
-                        }
-                        let port = {
-                            let mut server = server.lock().unwrap();
-                            server.kill();
-                            server.port
-                        };
-                        let back = RedisServer::start_on(port);
-                        back.populate(0..100_000);
-                        *server.lock().unwrap() = back;
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    })
-                }
-            },
-        })
-        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
-        .build()
-        .unwrap();
-    match guard.rebuild().await {
-        Err(error) => assert!(
-            matches!(error, bloomguard::RebuildError::Source(_)),
-            "{error}"
-        ),
-        Ok(report) => panic!(
-            "a pass across a restart was taken as whole ({} of 100000 keys read)",
-            report.keys
-        ),
-    }
-    assert!(guard.is_warming(), "no partial filter was swapped in");
-    let report = guard.rebuild().await.unwrap();
-    assert_eq!(report.keys, 100_000, "the retry reads every key");
+    let client = server.client();
+    a_restart_mid_pass_fails_it(server, client, |_| {}).await;
 }
 
 /// The same, for a user that may not run `INFO` and a connection that
@@ -289,13 +243,25 @@ async fn a_pass_across_a_redis_restart_fails() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_across_a_redis_restart_fails_where_info_is_denied() {
     let server = RedisServer::start();
-    server.populate(0..100_000);
     let port = server.port;
     let _user = without_info(port);
     let client = redis::Client::open(format!(
         "redis://scanner:any@127.0.0.1:{port}/?protocol=resp3"
     ))
     .unwrap();
+    a_restart_mid_pass_fails_it(server, client, |port| {
+        without_info(port);
+    })
+    .await;
+}
+
+/// Fills `server` with 100,000 keys and rebuilds a guard over `client`
+/// whose first pass restarts Redis after its first page (same port, same
+/// keys, then `prepare(port)`), giving the connection time to come back
+/// before the next page: the pass fails, and the retry reads every key.
+async fn a_restart_mid_pass_fails_it(server: RedisServer, client: redis::Client, prepare: fn(u16)) {
+    server.populate(0..100_000);
+    let port = server.port;
     let source = RedisSource::new(client, "item:*")
         .strip_prefix("item:")
         .count(100);
@@ -314,7 +280,7 @@ async fn a_pass_across_a_redis_restart_fails_where_info_is_denied() {
                     server.lock().unwrap().kill();
                     let back = RedisServer::start_on(port);
                     back.populate(0..100_000);
-                    let _user_again = without_info(port);
+                    prepare(port);
                     *server.lock().unwrap() = back;
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 })
@@ -323,11 +289,15 @@ async fn a_pass_across_a_redis_restart_fails_where_info_is_denied() {
         .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
         .build()
         .unwrap();
-    if let Ok(report) = guard.rebuild().await {
-        panic!(
+    match guard.rebuild().await {
+        Err(error) => assert!(
+            matches!(error, bloomguard::RebuildError::Source(_)),
+            "{error}"
+        ),
+        Ok(report) => panic!(
             "a pass across a restart was taken as whole ({} of 100000 keys read)",
             report.keys
-        );
+        ),
     }
     assert!(guard.is_warming(), "no partial filter was swapped in");
     let report = guard.rebuild().await.unwrap();
@@ -737,6 +707,24 @@ mod cluster {
         assert_eq!(report.keys, KEYS, "every master's keys, once");
     }
 
+    /// A connection to the cluster node on `port` alone.
+    fn node(port: u16) -> redis::Connection {
+        redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    }
+
+    /// `CLUSTER SETSLOT slot state…` on `node`.
+    fn set_slot(node: &mut redis::Connection, slot: u16, state: &[&str]) {
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .exec(node)
+            .unwrap();
+    }
+
     /// A slot migrating between two masters while a pass runs: `MIGRATE`
     /// can move keys from a master not yet scanned to one already scanned,
     /// and the topology stays the same until the slot changes owner. Such a
@@ -751,13 +739,7 @@ mod cluster {
             .iter()
             .find(|&&port| port != from)
             .unwrap();
-        let connect = |port: u16| {
-            redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-                .unwrap()
-                .get_connection()
-                .unwrap()
-        };
-        let (mut source, mut target) = (connect(from), connect(to));
+        let (mut source, mut target) = (node(from), node(to));
         let id = |node: &mut redis::Connection| -> String {
             redis::cmd("CLUSTER").arg("MYID").query(node).unwrap()
         };
@@ -767,16 +749,8 @@ mod cluster {
             .arg("item:0")
             .query(&mut source)
             .unwrap();
-        let set_slot = |node: &mut redis::Connection, state: &[&str]| {
-            redis::cmd("CLUSTER")
-                .arg("SETSLOT")
-                .arg(slot)
-                .arg(state)
-                .exec(node)
-                .unwrap();
-        };
-        set_slot(&mut target, &["IMPORTING", &source_id]);
-        set_slot(&mut source, &["MIGRATING", &target_id]);
+        set_slot(&mut target, slot, &["IMPORTING", &source_id]);
+        set_slot(&mut source, slot, &["MIGRATING", &target_id]);
 
         let guard =
             guard_from(RedisSource::cluster(cluster.client(), "item:*").strip_prefix("item:"));
@@ -787,8 +761,8 @@ mod cluster {
         );
         assert!(guard.is_warming(), "no partial filter was swapped in");
 
-        set_slot(&mut source, &["STABLE"]);
-        set_slot(&mut target, &["STABLE"]);
+        set_slot(&mut source, slot, &["STABLE"]);
+        set_slot(&mut target, slot, &["STABLE"]);
         let report = guard.rebuild().await.unwrap();
         assert_eq!(report.keys, KEYS);
     }
@@ -805,18 +779,12 @@ mod cluster {
         const MOVED: u64 = 2_000;
         let cluster = RedisCluster::start();
         populate(&cluster).await;
-        let connect = |port: u16| {
-            redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-                .unwrap()
-                .get_connection()
-                .unwrap()
-        };
         // A pass reads the masters in the order of their ids.
         let mut masters: Vec<(String, u16)> = cluster
             .masters()
             .into_iter()
             .map(|port| {
-                let id = redis::cmd("CLUSTER").arg("MYID").query(&mut connect(port));
+                let id = redis::cmd("CLUSTER").arg("MYID").query(&mut node(port));
                 (id.unwrap(), port)
             })
             .collect();
@@ -828,7 +796,7 @@ mod cluster {
             .map(|i| format!("moved{i}"))
             .find(|tag| cluster.master_of(&format!("item:{{{tag}}}")) == from)
             .unwrap();
-        let mut writes = connect(from);
+        let mut writes = node(from);
         for i in 0..MOVED {
             let () = redis::cmd("SET")
                 .arg(format!("item:{{{tag}}}:{i}"))
@@ -844,17 +812,9 @@ mod cluster {
         let move_slot = move || -> Act {
             let (to_id, from_id) = (to_id.clone(), from_id.clone());
             Box::pin(async move {
-                let (mut target, mut source) = (connect(to), connect(from));
-                let set_slot = |node: &mut redis::Connection, state: &[&str]| {
-                    redis::cmd("CLUSTER")
-                        .arg("SETSLOT")
-                        .arg(slot)
-                        .arg(state)
-                        .exec(node)
-                        .unwrap();
-                };
-                set_slot(&mut target, &["IMPORTING", &from_id]);
-                set_slot(&mut source, &["MIGRATING", &to_id]);
+                let (mut target, mut source) = (node(to), node(from));
+                set_slot(&mut target, slot, &["IMPORTING", &from_id]);
+                set_slot(&mut source, slot, &["MIGRATING", &to_id]);
                 let keys: Vec<String> = redis::cmd("CLUSTER")
                     .arg("GETKEYSINSLOT")
                     .arg(slot)
@@ -866,8 +826,8 @@ mod cluster {
                     .arg(keys)
                     .exec(&mut source)
                     .unwrap();
-                set_slot(&mut target, &["NODE", &to_id]);
-                set_slot(&mut source, &["NODE", &to_id]);
+                set_slot(&mut target, slot, &["NODE", &to_id]);
+                set_slot(&mut source, slot, &["NODE", &to_id]);
             })
         };
         let moved_once = AtomicBool::new(false);

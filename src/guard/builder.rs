@@ -145,8 +145,8 @@ impl GuardBuilder {
     /// logs it and, with a source, rebuilds (other keys may have been written
     /// so). A check that fails, times out (5 s) or panics is counted in
     /// [`GuardStats::staleness_checks_failed`](super::GuardStats::staleness_checks_failed)
-    /// and logged at WARN (the 1st, 2nd, 4th… time in a row; a panic is also
-    /// printed by the panic hook, each time).
+    /// and logged at WARN (at once, then at most once a minute; a panic is
+    /// also printed by the panic hook, each time).
     ///
     /// A sampled answer costs one copy of the key; when the queue of keys to
     /// verify is full, samples are dropped.

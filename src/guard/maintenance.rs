@@ -22,6 +22,8 @@ const MIN_OBSERVED_OUTCOMES: u64 = 10_000;
 const MIN_OBSERVED_FALSE_POSITIVES: u64 = 20;
 /// How long the staleness check waits for the store's answer.
 const VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a failing staleness check is logged at most.
+const FAILED_CHECK_REPORT_SPACING: Duration = Duration::from_secs(60);
 
 /// The running maintenance task of a guard, from [`Guard::spawn_maintenance`].
 ///
@@ -132,6 +134,7 @@ impl Guard {
             retry_at: None,
             warming_reported_at: None,
             checks_failed_in_a_row: 0,
+            failed_check_reported_at: None,
             _running: Running::count(&self.inner.maintenance_tasks, &self.inner.name),
         };
         let span = tracing::info_span!("bloomguard.maintenance", guard = %self.inner.name);
@@ -315,6 +318,8 @@ struct Task {
     warming_reported_at: Option<Instant>,
     /// Staleness checks failed since the last one answered.
     checks_failed_in_a_row: u64,
+    /// When the task last logged a failed staleness check.
+    failed_check_reported_at: Option<Instant>,
     /// Counts the task in `GuardStats::maintenance_running` until it is
     /// dropped: returned, panicked or cancelled alike.
     _running: Running,
@@ -440,16 +445,20 @@ impl Task {
         }
     }
 
-    /// Logs a failing staleness check the 1st, 2nd, 4th, 8th… time in a
-    /// row: seen, without a line per sample, and seen at once again after
-    /// it answered meanwhile.
+    /// Logs a failing staleness check at once, then at most once a minute
+    /// (with how many failed in a row): seen, without a line per sample.
     fn report_failed_check(&mut self, guard: &Guard, failure: Option<String>) {
         let Some(failure) = failure else {
             self.checks_failed_in_a_row = 0;
             return;
         };
         self.checks_failed_in_a_row += 1;
-        if self.checks_failed_in_a_row.is_power_of_two() {
+        let now = Instant::now();
+        if self
+            .failed_check_reported_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= FAILED_CHECK_REPORT_SPACING)
+        {
+            self.failed_check_reported_at = Some(now);
             tracing::warn!(
                 guard = %guard.inner.name,
                 %failure,

@@ -217,7 +217,13 @@ impl RebuildPolicy {
     }
 
     /// Rebuild when the estimated or observed false-positive rate exceeds
-    /// `ratio` × the target (2.0 is a good start).
+    /// `ratio` × the target (2.0 is a good start). The observed rate is
+    /// judged here on the false positives the backend answered, after at
+    /// least 20 of them: the ones a loader's confirmed-absent cache answered
+    /// again, which
+    /// [`GuardStats::observed_fpr`](crate::GuardStats::observed_fpr) counts,
+    /// can all be one absent key asked again and again, which a rebuild
+    /// (same seed, same keys) would let through again.
     #[must_use]
     pub fn when_drift_exceeds(mut self, ratio: f64) -> Self {
         self.drift_threshold = Some(ratio);

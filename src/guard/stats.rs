@@ -250,7 +250,10 @@ pub struct GuardStats {
     /// False positives ÷ (false positives + `Absent` answers), since the
     /// last rebuild; `None` before any of either. With positives trusted
     /// unverified, their false ones are estimated from the verified sample;
-    /// `None` when none was verified.
+    /// `None` when none was verified. It counts the false positives a
+    /// loader's confirmed-absent cache answered; the drift rebuild leaves
+    /// them out (see
+    /// [`RebuildPolicy::when_drift_exceeds`](crate::RebuildPolicy::when_drift_exceeds)).
     pub observed_fpr: Option<f64>,
     /// The false-positive rate the live filters' fill implies (their OR when
     /// there are several).

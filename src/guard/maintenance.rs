@@ -443,6 +443,15 @@ impl Task {
                 }
             }
         }
+        // Stopped (its handle dropped or shut down) while the guard serves
+        // on: only this line and `maintenance_running` tell.
+        if let Some(guard) = self.upgrade() {
+            tracing::info!(
+                guard = %guard.name(),
+                "maintenance stopped: no rebuild, rotation or staleness check until another \
+                 task is spawned"
+            );
+        }
     }
 
     /// Logs a failing staleness check at once, then at most once a minute

@@ -117,7 +117,11 @@
 //! run at the same rate within an eighth of a lease over a lease, and that a
 //! member's runtime is not stalled for that long (a process paused past its
 //! lease — a debugger, a frozen VM — may answer from a stale set until it
-//! runs again and notices). Redis times leases on its wall clock: a step
+//! runs again and notices). The fence is set by the member's own task, so
+//! the same holds for a runtime whose threads are all blocked (a
+//! synchronous call in a handler, on a `current_thread` runtime): a check
+//! made as it resumes, before the task runs, answers from the set whose
+//! lease lapsed. Keep blocking work off the runtime (`spawn_blocking`). Redis times leases on its wall clock: a step
 //! back begins the record anew (above), but a step forward by more than an
 //! eighth of a lease can lapse live leases in Redis's eyes, and writers
 //! then count out members that still answer, until their next renewal

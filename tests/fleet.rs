@@ -2020,6 +2020,31 @@ fn shutting_maintenance_down_gives_the_rebuild_turn_back_first() {
     assert_eq!(holder, None, "the rebuild turn outlived the shutdown");
 }
 
+/// A member whose tasks ended without leaving (its runtime dropped, a
+/// panic) keeps no standing: its stats say fenced, and it publishes no
+/// snapshot from the position it froze at.
+#[test]
+fn a_member_whose_tasks_ended_without_leaving_keeps_no_standing() {
+    let server = RedisServer::start();
+    let member_runtime = tokio::runtime::Runtime::new().unwrap();
+    let member = member_runtime.block_on(async {
+        let guard = guard_over_store(&server, "a");
+        guard.rebuild().await.unwrap();
+        let member = join(guard, server.client(), "ended").await;
+        caught_up(&member).await;
+        member
+    });
+    drop(member_runtime); // aborts the member's tasks
+    assert!(member.guard().is_fenced());
+    assert!(member.fleet.stats().fenced, "the stats say fenced too");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let published = runtime.block_on(member.fleet.publish_snapshot());
+    assert!(
+        matches!(published, Err(FleetError::Fenced)),
+        "{published:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_member_rebuilds_for_all_and_the_fleet_forgets_deleted_keys_together() {
     let server = RedisServer::start();

@@ -741,7 +741,7 @@ impl FleetSync {
         let member = self.clone();
         // However the tasks end (left, panicked, aborted, never started),
         // nothing keeps the guard up to date any more.
-        let ended = MembershipEnds(self.inner.guard.clone());
+        let ended = MembershipEnds(self.clone());
         let task = StoppableTask::spawn("fleet member", shutdown, |stop| async move {
             let _ended = ended;
             let run = async {
@@ -1055,14 +1055,21 @@ impl fmt::Debug for FleetSync {
     }
 }
 
-/// Fences its guard when dropped.
-/// Fences the guard when its member's tasks end, and lets it join again.
-struct MembershipEnds(Guard);
+/// Ends the member's standing when its tasks end (left, panicked, aborted
+/// with their runtime, never started): the guard fenced, and the state its
+/// stats and publishes read, its lease given up, so that a member frozen
+/// at a position neither says it is unfenced nor publishes from there;
+/// the guard takes no more of the fleet's rebuild turns, and may join again.
+struct MembershipEnds(FleetSync);
 
 impl Drop for MembershipEnds {
     fn drop(&mut self) {
-        self.0.set_fenced(true);
-        self.0.release_from_fleet();
+        let member = &self.0;
+        member.inner.guard.set_rebuild_turns(None);
+        member.inner.guard.set_fenced(true);
+        member.state().give_up_lease();
+        member.refresh_fence();
+        member.inner.guard.release_from_fleet();
     }
 }
 

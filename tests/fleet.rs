@@ -2020,6 +2020,70 @@ fn shutting_maintenance_down_gives_the_rebuild_turn_back_first() {
     assert_eq!(holder, None, "the rebuild turn outlived the shutdown");
 }
 
+/// A publish dropped half-way (a deploy stops the instance, a `timeout`
+/// around `publish_snapshot`) leaves chunks that no manifest names: they
+/// expire, where they stayed in Redis for good before, a snapshot's worth
+/// of memory per interrupted publish. A manifest's own chunks never do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_of_an_interrupted_publish_expire_and_a_manifests_do_not() {
+    let server = RedisServer::start();
+    // About 120 KB in chunks of 16 bytes: thousands of writes, so that the
+    // publish is certainly dropped among them.
+    let a = join_with(guard("a"), server.client(), "orphans", |builder| {
+        builder.snapshot_chunk_bytes(16)
+    })
+    .await;
+    caught_up(&a).await;
+    let mut connection = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let chunks = |mut connection: redis::aio::MultiplexedConnection| async move {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("{orphans}:snapshot:*:*:*")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        keys
+    };
+    let first_chunk_written = async {
+        while chunks(connection.clone()).await.is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::select! {
+        published = a.fleet.publish_snapshot() => panic!("not dropped half-way: {published:?}"),
+        () = first_chunk_written => {}
+    }
+    let orphans = chunks(connection.clone()).await;
+    assert!(!orphans.is_empty());
+    for chunk in &orphans {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(chunk)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert!(ttl > 0, "{chunk} of the dropped publish never expires");
+    }
+
+    a.fleet.publish_snapshot().await.unwrap();
+    let named: Vec<String> = chunks(connection.clone())
+        .await
+        .into_iter()
+        .filter(|chunk| !orphans.contains(chunk))
+        .collect();
+    assert!(!named.is_empty());
+    for chunk in &named {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(chunk)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert_eq!(ttl, -1, "{chunk}, named by the manifest, expires");
+    }
+}
+
 /// A member whose tasks ended without leaving (its runtime dropped, a
 /// panic) keeps no standing: its stats say fenced, and it publishes no
 /// snapshot from the position it froze at.

@@ -24,6 +24,7 @@
 //! appended after the dump.
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use redis::Script;
 use tracing::Instrument;
@@ -108,6 +109,13 @@ enum Read {
     Snapshot(Manifest, LiveSnapshot),
 }
 
+/// How long a snapshot's chunk lives until its manifest names it: a publish
+/// dropped before (an instance stopped, a `timeout` around
+/// [`FleetSync::publish_snapshot`]) leaves chunks that nothing names, and
+/// they would otherwise stay in Redis for good. Far longer than a publish
+/// takes: one that outlasts it is refused, and publishes again later.
+const UNNAMED_CHUNK_LIFETIME: Duration = Duration::from_secs(3600);
+
 /// The code of [`SET_MANIFEST`]'s and [`NEXT_VERSION`]'s refusals.
 const MANIFEST_REFUSED: &str = "BLOOMGUARD_MANIFEST_REFUSED";
 
@@ -128,6 +136,9 @@ fn refusal(error: redis::RedisError) -> FleetError {
 /// that lost its data since, the position is in a stream that is gone, and
 /// a member adopting it would skip the new stream's entries; past a trim,
 /// no member can use the snapshot, and it would replace one they can.
+/// The snapshot's chunks (`KEYS[6..]`), written to expire (a publish
+/// dropped before this script leaves them to no manifest), must all be
+/// there, and are kept from then on.
 static SET_MANIFEST: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
@@ -143,6 +154,11 @@ end
 local trimmed = redis.call('GET', KEYS[5])
 if trimmed and position_before(ARGV[4], trimmed) then
   return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED the stream was trimmed past the snapshot meanwhile')
+end
+for i = 6, #KEYS do
+  if redis.call('PERSIST', KEYS[i]) == 0 and redis.call('EXISTS', KEYS[i]) == 0 then
+    return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED a chunk of the snapshot expired before its manifest')
+  end
 end
 return redis.call('SET', KEYS[1], ARGV[1], 'GET')
 ",
@@ -274,15 +290,22 @@ impl FleetSync {
             let () = redis::cmd("SET")
                 .arg(keys.chunk(id, i))
                 .arg(chunk)
+                .arg("PX")
+                .arg(UNNAMED_CHUNK_LIFETIME.as_millis() as u64)
                 .query_async(&mut connection)
                 .await?;
         }
-        let previous: Option<String> = match SET_MANIFEST
+        let mut set_manifest = SET_MANIFEST.prepare_invoke();
+        set_manifest
             .key(&keys.manifest)
             .key(&keys.since)
             .key(&keys.snapshot_needed)
             .key(&keys.record)
-            .key(&keys.trimmed)
+            .key(&keys.trimmed);
+        for i in 0..count {
+            set_manifest.key(keys.chunk(id, i));
+        }
+        let previous: Option<String> = match set_manifest
             .arg(format!(
                 "{position} {version} {count} {} {since}",
                 u8::from(fresh)

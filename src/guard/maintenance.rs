@@ -444,8 +444,11 @@ impl Task {
             }
         }
         // Stopped (its handle dropped or shut down) while the guard serves
-        // on: only this line and `maintenance_running` tell.
-        if let Some(guard) = self.upgrade() {
+        // on, and no other task took over: only this line and
+        // `maintenance_running` tell. (This task still counts itself.)
+        if let Some(guard) = self.upgrade()
+            && guard.inner.maintenance_tasks.load(Ordering::Acquire) <= 1
+        {
             tracing::info!(
                 guard = %guard.name(),
                 "maintenance stopped: no rebuild, rotation or staleness check until another \

@@ -818,7 +818,10 @@ impl FleetSync {
 
     /// Warns when Redis may evict any key: the fleet's leases, record and
     /// trim mark are what keep its contract (an evicted lease lets writers
-    /// count its member out). Skipped where `CONFIG` is denied.
+    /// count its member out). Skipped where `CONFIG` is denied. (Under a
+    /// `volatile-*` policy a snapshot's chunks, which expire until their
+    /// manifest names them, may be evicted: the publish is then refused,
+    /// and a member publishes again later.)
     async fn warn_if_keys_may_be_evicted(&self) {
         let policy: Result<Vec<String>, FleetError> = async {
             let mut connection = self.inner.connection.get().await?;

@@ -138,7 +138,8 @@ fn refusal(error: redis::RedisError) -> FleetError {
 /// no member can use the snapshot, and it would replace one they can.
 /// The snapshot's chunks (`KEYS[6..]`), written to expire (a publish
 /// dropped before this script leaves them to no manifest), must all be
-/// there, and are kept from then on.
+/// there, and are kept from then on (none, where one is missing: the rest
+/// expire whether the publisher's clean-up reaches Redis or not).
 static SET_MANIFEST: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
@@ -156,10 +157,11 @@ if trimmed and position_before(ARGV[4], trimmed) then
   return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED the stream was trimmed past the snapshot meanwhile')
 end
 for i = 6, #KEYS do
-  if redis.call('PERSIST', KEYS[i]) == 0 and redis.call('EXISTS', KEYS[i]) == 0 then
+  if redis.call('EXISTS', KEYS[i]) == 0 then
     return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED a chunk of the snapshot expired before its manifest')
   end
 end
+for i = 6, #KEYS do redis.call('PERSIST', KEYS[i]) end
 return redis.call('SET', KEYS[1], ARGV[1], 'GET')
 ",
         ]

@@ -460,10 +460,8 @@ impl RedisSource {
             // the node asked for the topology has not heard of it yet.
             if let Some(myself) = myself {
                 let fields: Vec<&str> = myself.split(' ').collect();
-                process.push_str(&format!(" {}", fields.get(6).unwrap_or(&"")));
-                for slots in fields.iter().skip(8) {
-                    process.push_str(&format!(" {slots}"));
-                }
+                process.push(' ');
+                process.push_str(&epoch_and_slots(&fields));
             }
         }
         Ok(process)
@@ -528,12 +526,7 @@ impl RedisSource {
                     host,
                     port,
                 };
-                let fingerprint = format!(
-                    "{} {address} {} {}",
-                    fields[0],
-                    fields[6],
-                    fields[8..].join(" ")
-                );
+                let fingerprint = format!("{} {address} {}", fields[0], epoch_and_slots(&fields));
                 Some((node, fingerprint))
             })
             .collect();
@@ -677,6 +670,17 @@ fn class_admits(class: &[u8], byte: u8) -> (bool, usize) {
         }
     }
     (admitted != negated, (at + 1).min(class.len()))
+}
+
+/// A `CLUSTER NODES` line's config epoch and slots (its fields 6 and 8…):
+/// what the node serves, in the view of the node that answered.
+fn epoch_and_slots(fields: &[&str]) -> String {
+    let mut own = fields.get(6).copied().unwrap_or_default().to_owned();
+    for slots in fields.iter().skip(8) {
+        own.push(' ');
+        own.push_str(slots);
+    }
+    own
 }
 
 /// Whether a `CLUSTER NODES` line's flags are a master's that serves: it

@@ -121,11 +121,11 @@
 //! the same holds for a runtime whose threads are all blocked (a
 //! synchronous call in a handler, on a `current_thread` runtime): a check
 //! made as it resumes, before the task runs, answers from the set whose
-//! lease lapsed. Keep blocking work off the runtime (`spawn_blocking`). Redis times leases on its wall clock: a step
-//! back begins the record anew (above), but a step forward by more than an
-//! eighth of a lease can lapse live leases in Redis's eyes, and writers
-//! then count out members that still answer, until their next renewal
-//! (a quarter lease). Keep Redis's host on a clock that slews rather than
+//! lease lapsed. Keep blocking work off the runtime (`spawn_blocking`).
+//! Redis times leases on its wall clock: a step back begins the record
+//! anew (above), but a step forward by more than an eighth of a lease can
+//! lapse live leases in Redis's eyes, and writers then count out members
+//! that still answer, until their next renewal (a quarter lease). Keep Redis's host on a clock that slews rather than
 //! steps (chrony and ntpd step only at boot by default).
 //!
 //! **The seed travels in the clear.** Snapshots in Redis carry the fleet's

@@ -710,12 +710,7 @@ async fn the_staleness_check_catches_writes_that_bypassed_the_guard() {
 /// then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_the_staleness_check_found_is_inserted() {
-    let guard = Guard::builder()
-        .expected_items(1_000)
-        .maintenance_interval(Duration::from_millis(20))
-        .staleness_check(1.0, |key| async move { Ok(key == b"bypassed") })
-        .build()
-        .unwrap();
+    let guard = sourceless_checked_by(|key| async move { Ok(key == b"bypassed") });
     let maintenance = guard.spawn_maintenance();
     assert_eq!(guard.check("bypassed"), Verdict::Absent);
     wait_until("the stale negative to be found", || {
@@ -731,20 +726,13 @@ async fn a_key_the_staleness_check_found_is_inserted() {
 /// and a panic in it stops neither the checks after it nor the task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_or_panicking_staleness_check_is_counted_and_the_task_goes_on() {
-    let guard = Guard::builder()
-        .expected_items(1_000)
-        .maintenance_interval(Duration::from_millis(20))
-        .staleness_check(1.0, |key: Vec<u8>| async move {
-            match key.as_slice() {
-                b"refused" => Err(bloomguard::SourceError::new(std::io::Error::other(
-                    "NOAUTH",
-                ))),
-                b"panics" => panic!("a bug in the check"),
-                _ => Ok(false),
-            }
-        })
-        .build()
-        .unwrap();
+    let guard = sourceless_checked_by(|key: Vec<u8>| async move {
+        match key.as_slice() {
+            b"refused" => Err(SourceError::new(std::io::Error::other("NOAUTH"))),
+            b"panics" => panic!("a bug in the check"),
+            _ => Ok(false),
+        }
+    });
     let maintenance = guard.spawn_maintenance();
     assert_eq!(guard.check("refused"), Verdict::Absent);
     wait_until("the failed check to be counted", || {
@@ -759,6 +747,21 @@ async fn a_failing_or_panicking_staleness_check_is_counted_and_the_task_goes_on(
     assert!(!maintenance.is_finished(), "the task goes on");
     assert_eq!(guard.stats().stale_negatives, 0);
     maintenance.shutdown().await;
+}
+
+/// A guard without a source whose maintenance asks `exists` about every
+/// `Absent` answer.
+fn sourceless_checked_by<F, Fut>(exists: F) -> Guard
+where
+    F: Fn(Vec<u8>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<bool, SourceError>> + Send + 'static,
+{
+    Guard::builder()
+        .expected_items(1_000)
+        .maintenance_interval(Duration::from_millis(20))
+        .staleness_check(1.0, exists)
+        .build()
+        .unwrap()
 }
 
 #[tokio::test]

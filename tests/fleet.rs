@@ -2073,8 +2073,7 @@ async fn chunks_of_an_interrupted_publish_expire_and_a_manifests_do_not() {
     a.fleet.publish_snapshot().await.unwrap();
     // By the manifest: a write of the dropped publish already sent may
     // still land after the listing above.
-    let manifest: String = query(&admin, redis::cmd("GET").arg("{orphans}:snapshot"));
-    let named = chunks_named("orphans", &manifest);
+    let named = chunks_named("orphans", &manifest(&mut admin.lock().unwrap(), "orphans"));
     assert!(!named.is_empty());
     for chunk in &named {
         assert_eq!(ttl(chunk), -1, "{chunk}, named by the manifest, expires");

@@ -191,23 +191,20 @@ impl Store {
 impl RedisItems {
     async fn node(url: &str) -> redis::RedisResult<Self> {
         let client = redis::Client::open(url)?;
+        let loader = bloomguard::redis::RedisLoader::new(client.clone()).prefix(REDIS_PREFIX);
         Ok(Self {
-            loader: bloomguard::redis::RedisLoader::new(client.clone()).prefix(REDIS_PREFIX),
-            source: bloomguard::redis::RedisSource::new(client.clone(), format!("{REDIS_PREFIX}*"))
-                .strip_prefix(REDIS_PREFIX),
+            source: loader.source(),
+            loader,
             writer: RedisWriter::Node(client.get_connection_manager().await?),
         })
     }
 
     async fn cluster(seeds: &[String]) -> redis::RedisResult<Self> {
         let client = redis::cluster::ClusterClient::new(seeds.to_vec())?;
+        let loader = bloomguard::redis::RedisLoader::cluster(client.clone()).prefix(REDIS_PREFIX);
         Ok(Self {
-            loader: bloomguard::redis::RedisLoader::cluster(client.clone()).prefix(REDIS_PREFIX),
-            source: bloomguard::redis::RedisSource::cluster(
-                client.clone(),
-                format!("{REDIS_PREFIX}*"),
-            )
-            .strip_prefix(REDIS_PREFIX),
+            source: loader.source(),
+            loader,
             writer: RedisWriter::Cluster(client.get_async_connection().await?),
         })
     }

@@ -334,6 +334,32 @@ async fn a_pattern_that_cannot_match_the_stripped_prefix_fails_the_pass() {
     assert_eq!(escaped.check("1"), Verdict::MaybePresent);
 }
 
+/// A loader's own source lists the keys the loader reads, from its one
+/// prefix: glob characters in it are escaped in the pattern, and a key the
+/// unescaped glob would match (`shope:3`) is not listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loaders_source_lists_every_key_the_loader_reads_and_no_other() {
+    let server = RedisServer::start();
+    let mut connection = server.client().get_connection().unwrap();
+    for key in ["shop[eu]:1", "shop[eu]:2", "shope:3", "other:4"] {
+        let () = redis::cmd("SET")
+            .arg(key)
+            .arg(format!("value of {key}"))
+            .query(&mut connection)
+            .unwrap();
+    }
+    let loader = RedisLoader::new(server.client()).prefix("shop[eu]:");
+    let guard = common::guard_from(loader.source().count(1));
+    assert_eq!(guard.rebuild().await.unwrap().keys, 2);
+    assert_eq!(guard.check("1"), Verdict::MaybePresent);
+    assert_eq!(guard.check("2"), Verdict::MaybePresent);
+    let items = GuardedLoader::new(guard, loader);
+    assert_eq!(
+        items.get("2").await.unwrap(),
+        Some(b"value of shop[eu]:2".to_vec())
+    );
+}
+
 /// `MGET` answers nil for a key holding a hash, as for a missing one: a
 /// batch must not read it as not found (the confirmed-absent cache would
 /// then answer `get` from that), but fail as `GET` does.
@@ -563,15 +589,13 @@ mod cluster {
     async fn a_rebuild_scans_every_master_and_batches_load_across_slots() {
         let cluster = RedisCluster::start();
         populate(&cluster).await;
-        let source = RedisSource::cluster(cluster.client(), "item:*")
-            .count(500)
-            .strip_prefix("item:");
-        let guard = guard_from(source);
+        // The loader's own source: `SCAN … MATCH item:*` on every master.
+        let loader = RedisLoader::cluster(cluster.client()).prefix("item:");
+        let guard = guard_from(loader.source().count(500));
         let report = guard.rebuild().await.unwrap();
         assert_eq!(report.keys, KEYS, "every master's keys, once");
         assert!((0..KEYS).all(|i| guard.check(i.to_string()) == Verdict::MaybePresent));
 
-        let loader = RedisLoader::cluster(cluster.client()).prefix("item:");
         let gate = GuardedLoader::new(guard, loader);
         // Keys of many slots, and a missing one, in one call.
         let keys: Vec<String> = ["1", "2", "3", "4", "5", "missing", "19999"]

@@ -333,11 +333,11 @@ impl RedisStore {
         for pattern in [format!("{PREFIX}*"), format!("{{{FLEET}}}:*")] {
             unlink_matching(&mut writes, &pattern).await?;
         }
+        let loader = bloomguard::redis::RedisLoader::new(client.clone()).prefix(PREFIX);
         Ok(Self {
             url: url.to_string(),
-            loader: bloomguard::redis::RedisLoader::new(client.clone()).prefix(PREFIX),
-            source: bloomguard::redis::RedisSource::new(client.clone(), format!("{PREFIX}*"))
-                .strip_prefix(PREFIX),
+            source: loader.source(),
+            loader,
             writes: Writes::Node(Box::new(client), writes),
             expires_after,
         })
@@ -363,16 +363,16 @@ impl RedisStore {
                     .await?;
             }
         }
+        // The replay without the guard asks for 2.16 M keys a second, far
+        // more than a cluster on a few cores answers: its calls wait in the
+        // connection's queue, for seconds, rather than fail.
+        let loader = bloomguard::redis::RedisLoader::cluster(client)
+            .prefix(PREFIX)
+            .timeout(Duration::from_secs(60));
         Ok(Self {
             url: urls.join(","),
-            // The replay without the guard asks for 2.16 M keys a second,
-            // far more than a cluster on a few cores answers: its calls wait
-            // in the connection's queue, for seconds, rather than fail.
-            loader: bloomguard::redis::RedisLoader::cluster(client.clone())
-                .prefix(PREFIX)
-                .timeout(Duration::from_secs(60)),
-            source: bloomguard::redis::RedisSource::cluster(client, format!("{PREFIX}*"))
-                .strip_prefix(PREFIX),
+            source: loader.source(),
+            loader,
             writes: Writes::Cluster(writes, urls.to_vec()),
             expires_after,
         })

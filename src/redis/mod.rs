@@ -244,7 +244,7 @@ impl Connection {
 #[derive(Clone)]
 pub struct RedisSource {
     connection: Connection,
-    pattern: String,
+    pattern: Vec<u8>,
     count: usize,
     key_type: Option<String>,
     strip_prefix: Option<Vec<u8>>,
@@ -259,10 +259,13 @@ impl RedisSource {
 
     /// Keys matching `pattern` (`SCAN`'s `MATCH` glob, `*` for all).
     pub fn new(client: Client, pattern: impl Into<String>) -> Self {
-        Self::over(Connection::new(client, Self::DEFAULT_TIMEOUT), pattern)
+        Self::over(
+            Connection::new(client, Self::DEFAULT_TIMEOUT),
+            pattern.into(),
+        )
     }
 
-    fn over(connection: Connection, pattern: impl Into<String>) -> Self {
+    fn over(connection: Connection, pattern: impl Into<Vec<u8>>) -> Self {
         Self {
             connection,
             pattern: pattern.into(),
@@ -296,6 +299,7 @@ impl RedisSource {
     /// `shop[eu]:`). A pattern that no key starting with the prefix can
     /// match (`shop[eu]:*` matches `shope:1`, never `shop[eu]:1`) fails
     /// every pass, saying so, rather than list nothing.
+    /// [`RedisLoader::source`] writes both from the loader's prefix.
     #[must_use]
     pub fn strip_prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
         self.strip_prefix = Some(prefix.as_ref().to_vec());
@@ -316,7 +320,10 @@ impl RedisSource {
     /// pass fails the pass (the rebuild is retried, the old filter
     /// serving), never a silent partial rebuild.
     pub fn cluster(client: ClusterClient, pattern: impl Into<String>) -> Self {
-        Self::over(Connection::cluster(client, Self::DEFAULT_TIMEOUT), pattern)
+        Self::over(
+            Connection::cluster(client, Self::DEFAULT_TIMEOUT),
+            pattern.into(),
+        )
     }
 
     async fn scan_page(
@@ -562,20 +569,16 @@ impl RedisSource {
         let Some(prefix) = &self.strip_prefix else {
             return Ok(());
         };
-        if glob_admits_prefix(self.pattern.as_bytes(), prefix) {
+        if glob_admits_prefix(&self.pattern, prefix) {
             return Ok(());
         }
-        let prefix = String::from_utf8_lossy(prefix);
-        let escaped: String = prefix
-            .chars()
-            .flat_map(|c| ["*?[\\".contains(c).then_some('\\'), Some(c)])
-            .flatten()
-            .collect();
         Err(not_trusted(format!(
-            "the pattern `{}` matches no key that starts with `{prefix}`, the prefix the \
+            "the pattern `{}` matches no key that starts with `{}`, the prefix the \
              source strips: a glob character of the prefix needs a `\\` before it \
-             (`{escaped}*`)",
-            self.pattern
+             (`{}`)",
+            String::from_utf8_lossy(&self.pattern),
+            String::from_utf8_lossy(prefix),
+            String::from_utf8_lossy(&glob_of_prefix(prefix)),
         )))
     }
 
@@ -592,6 +595,20 @@ impl RedisSource {
 /// trusted: a pass that may have skipped keys, a short `MGET` reply.
 fn not_trusted(why: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> RedisError {
     RedisError::from(std::io::Error::other(why))
+}
+
+/// The `SCAN` glob of every key that starts with `prefix`: its glob
+/// characters escaped, then `*`.
+fn glob_of_prefix(prefix: &[u8]) -> Vec<u8> {
+    let mut glob = Vec::with_capacity(prefix.len() + 1);
+    for &byte in prefix {
+        if matches!(byte, b'*' | b'?' | b'[' | b'\\') {
+            glob.push(b'\\');
+        }
+        glob.push(byte);
+    }
+    glob.push(b'*');
+    glob
 }
 
 /// Whether a key that starts with `prefix` can match the `SCAN` glob
@@ -849,7 +866,7 @@ impl KeySource for RedisSource {
 impl fmt::Debug for RedisSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisSource")
-            .field("pattern", &self.pattern)
+            .field("pattern", &String::from_utf8_lossy(&self.pattern))
             .field("count", &self.count)
             .field("key_type", &self.key_type)
             .finish_non_exhaustive()
@@ -916,6 +933,44 @@ impl RedisLoader {
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.connection.response_timeout = timeout;
         self
+    }
+
+    /// The [`RedisSource`] of the keys this loader reads: every Redis key
+    /// that starts with its [`prefix`](Self::prefix) (escaped in the
+    /// `SCAN` pattern where it holds glob characters), stripped of it. The
+    /// guard in front of the loader then holds the keys the loader is
+    /// asked for, from one prefix written once: a pattern and a strip
+    /// written apart can disagree, and the guard answers `Absent` for every
+    /// key they disagree on.
+    ///
+    /// Over the same client (a cluster's for a cluster loader) on a
+    /// connection of its own, so a pass's `SCAN`s do not queue before the
+    /// loader's reads. Keys of every type are listed: one that holds
+    /// another type than a string reaches the loader, which fails on it.
+    ///
+    /// ```no_run
+    /// use bloomguard::{Guard, GuardedLoader, redis::RedisLoader};
+    ///
+    /// let client = redis::Client::open("redis://127.0.0.1/")?;
+    /// let loader = RedisLoader::new(client).prefix("item:");
+    /// let guard = Guard::builder()
+    ///     .expected_items(10_000_000)
+    ///     .source(loader.source()) // `SCAN 0 MATCH item:*`, keys stripped of `item:`
+    ///     .build()?;
+    /// let items: GuardedLoader<String, _> = GuardedLoader::new(guard, loader);
+    /// # let _ = items;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn source(&self) -> RedisSource {
+        let connection = match &self.connection.target {
+            Target::Node { client, .. } => {
+                Connection::new(client.clone(), RedisSource::DEFAULT_TIMEOUT)
+            }
+            Target::Cluster { client, .. } => {
+                Connection::cluster((**client).clone(), RedisSource::DEFAULT_TIMEOUT)
+            }
+        };
+        RedisSource::over(connection, glob_of_prefix(&self.prefix)).strip_prefix(&self.prefix)
     }
 
     fn redis_key(&self, key: &[u8]) -> Vec<u8> {

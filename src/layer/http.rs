@@ -114,7 +114,10 @@ impl<F> fmt::Debug for KeyFn<F> {
 /// route of the router, and `/items/featured` has the shape of
 /// `/items/{id}`. With the `axum` feature, `PathKey` takes a key only on the
 /// route axum matched to this template (its `MatchedPath`, under any
-/// `nest`), so `/items/featured` reaches its own handler. That needs the
+/// `nest`), so `/items/featured` reaches its own handler. A
+/// `nest_service` or a fallback under the layer has no matched route (it
+/// routes for itself): the guard lets its requests through, so guard such
+/// a service with a layer of its own router. That needs the
 /// layer inside the router (`Router::layer`, `route_layer`): one wrapped
 /// around the router from outside (`GuardLayer::layer(router)`, a
 /// `ServiceBuilder` around the app) runs before axum routes and sees no
@@ -153,7 +156,11 @@ impl<F> fmt::Debug for KeyFn<F> {
 /// sees (other than trimmed trailing slashes) cannot be followed, and a
 /// guard outside one keys the id as it came while the store has it as
 /// rewritten. Inside the app, below a rewrite, the guard lets through what
-/// it cannot tie to the original path. One wiring stays out of reach: an
+/// it cannot tie to the original path (with the `axum` feature, which
+/// reads that path; without it both layers see only the path that reaches
+/// them, so no middleware may rewrite it between the router and them: a
+/// guard there keys the rewritten id while the handler's `Path` holds the
+/// routed one). One wiring stays out of reach: an
 /// insert layer below a nest that strips the id sees only the id as it
 /// came, so an id a middleware rewrote before that nest cannot be followed
 /// while a guard above the nest keys it; put the insert layer above such
@@ -423,8 +430,9 @@ fn original_path<B>(request: &Request<B>) -> &str {
 
 impl<B> HttpKey<B> for PathKey {
     /// Only where the request is sure to be this route: the route axum
-    /// matched ends with the template (the `axum` feature), or without a
-    /// matched route, the whole path is the template.
+    /// matched ends with the template (the `axum` feature; none where an
+    /// axum router routed the request to a nested service or a fallback),
+    /// or before any router, the whole path is the template.
     #[inline]
     fn key<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
         if !self.reads(request) {
@@ -463,6 +471,17 @@ impl<B> HttpKey<B> for PathKey {
                 }
                 self.parameter_at_end(original)?
             }
+            // Routed by an axum router (it leaves the path it came with),
+            // yet no route matched: a `nest_service` or a fallback, which
+            // routes for itself and may hold a static sibling.
+            None if request
+                .extensions()
+                .get::<axum::extract::OriginalUri>()
+                .is_some() =>
+            {
+                return None;
+            }
+            // Before any router: the whole path must be the template.
             None => self.parameter(request.uri().path())?,
         };
         #[cfg(not(feature = "axum"))]

@@ -354,6 +354,43 @@ async fn a_static_sibling_route_is_not_guarded_as_the_template() {
     );
 }
 
+/// A router's layer wraps a `nest_service` and its fallback too, where
+/// axum sets no matched route (a nested service routes for itself, and a
+/// fallback matched nothing): the guard cannot tell the template's route
+/// from a static sibling there (`/users/me`), and lets the request through.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn a_nested_service_or_fallback_is_not_guarded_as_the_template() {
+    use axum::Router;
+    use axum::body::Body;
+    use axum::extract::Path;
+    use axum::routing::get;
+
+    let guard = guard_with(&["1"]);
+    let users = Router::new()
+        .route(
+            "/users/{id}",
+            get(|Path(id): Path<String>| async move { id }),
+        )
+        .route("/users/me", get(|| async { "me" }));
+    let layer = |template| {
+        GuardLayer::for_http(guard.clone(), PathKey::route(template).method(Method::GET))
+    };
+    let nested = Router::new()
+        .nest_service("/api", users.clone())
+        .layer(layer("/api/users/{id}"));
+    let fallback = Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .fallback_service(users)
+        .layer(layer("/users/{id}"));
+    for (app, path) in [(nested, "/api/users/me"), (fallback, "/users/me")] {
+        let request = Request::get(path).body(Body::empty()).unwrap();
+        let response = app.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+    }
+    assert_eq!(guard.stats().checks.total(), 0, "nothing was keyed");
+}
+
 /// A route of the layer's own router that only ends with the template
 /// (`/users/{user}/items/{id}` beside `/items/{id}`) is another route: its
 /// handler may read another key (`{user}:{id}`), which a guard built from

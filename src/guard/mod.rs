@@ -703,7 +703,13 @@ impl Guard {
 
     /// Starts timing inserts, for a loader's confirmed-absent cache.
     pub(crate) fn time_inserts(&self) {
-        self.inner.insert_clock.get_or_init(InsertClock::new);
+        // An insert that ran while the clock was being made stamped nothing,
+        // though it may be later than the clock's start: every key counts as
+        // inserted now, after the clock is there for inserts to stamp.
+        self.inner
+            .insert_clock
+            .get_or_init(InsertClock::new)
+            .stamp_every_key();
     }
 
     /// Stamps an insert of the key hashing to `hash` when inserts are timed.
@@ -1101,5 +1107,31 @@ mod tests {
         guard.rotate().unwrap();
         drop(pending); // the write is in the store now
         assert_eq!(guard.check("slow"), Verdict::MaybePresent);
+    }
+
+    /// An insert that runs while the insert clock is being made finds no
+    /// clock and stamps nothing, yet comes after the clock's start: a read
+    /// asked up to the write settle after it may miss its write, and the
+    /// confirmed-absent cache must not keep that miss.
+    #[test]
+    fn an_insert_while_the_clock_starts_is_not_taken_as_older() {
+        let settle = Duration::from_millis(100);
+        let guard = Guard::builder()
+            .expected_items(1_000)
+            .rebuild_policy(RebuildPolicy::default().write_settle(settle))
+            .build()
+            .unwrap();
+        let mut inserted_at = None;
+        // The first maker of the clock, with an insert in its window.
+        guard.inner.insert_clock.get_or_init(|| {
+            let clock = InsertClock::new();
+            std::thread::sleep(Duration::from_millis(2));
+            inserted_at = Some(tokio::time::Instant::now());
+            guard.insert("racing");
+            clock
+        });
+        guard.time_inserts();
+        let asked_at = inserted_at.unwrap() + settle;
+        assert!(guard.may_have_written_since(b"racing", asked_at));
     }
 }

@@ -609,6 +609,26 @@ impl FilterBuilder {
         }
     }
 
+    /// The most items, up to `items`, that a filter at `fp_rate` sized for
+    /// them fits the budget with (`items` itself where it fits, or where no
+    /// count does): a guess at a size may shrink to the budget, a count may
+    /// not.
+    #[cfg(feature = "guard")]
+    pub(crate) fn fitting(&self, items: u64, fp_rate: f64) -> u64 {
+        let bytes_for = |items: u64| plan(items, fp_rate).map_or(u64::MAX, |plan| plan.bytes);
+        let bytes = bytes_for(items);
+        if bytes <= self.max_bytes {
+            return items;
+        }
+        // Bytes grow in proportion to items (one k for a given rate): scale
+        // down, then step down the rest of the way a block's rounding leaves.
+        let mut fitting = (items as f64 * self.max_bytes as f64 / bytes as f64) as u64;
+        while fitting > 0 && bytes_for(fitting) > self.max_bytes {
+            fitting -= fitting / 1024 + 1;
+        }
+        if fitting == 0 { items } else { fitting }
+    }
+
     /// The same options with the seed fixed (drawn now if none was given),
     /// so that every filter made from them shares it; and that seed.
     #[cfg(feature = "guard")]

@@ -131,7 +131,11 @@ impl GuardBuilder {
     }
 
     /// The most bytes one filter of the guard may take: see
-    /// [`FilterBuilder::max_bytes`].
+    /// [`FilterBuilder::max_bytes`]. A rebuild makes one filter of the
+    /// whole store, so a store whose filter would take more fails every
+    /// rebuild ([`RebuildError::Config`](crate::RebuildError::Config), the
+    /// live filters serving), even on a [growing](crate::Lifecycle::Grow)
+    /// guard whose generations each fit.
     pub fn max_bytes(mut self, max_bytes: u64) -> Self {
         self.filters = self.filters.max_bytes(max_bytes);
         self

@@ -518,9 +518,21 @@ impl Guard {
         let writes = self.inner.live.writes();
         let stripe = writes.enter();
         let live = self.inner.live.load();
-        self.insert_into(&live, hash);
-        drop(live);
-        writes.exit(stripe);
+        match &live.shadow {
+            // The key goes into the filter being built: its build need not
+            // wait for this insert, so the count moves to that filter's own
+            // tracker before the insert runs (see `writes`).
+            Some(shadow) => {
+                let shadow_stripe = shadow.writes.enter();
+                writes.exit(stripe);
+                self.insert_into(&live, hash);
+                shadow.writes.exit(shadow_stripe);
+            }
+            None => {
+                self.insert_into(&live, hash);
+                writes.exit(stripe);
+            }
+        }
     }
 
     /// [`insert`](Self::insert) for a write that may take a while: the

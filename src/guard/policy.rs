@@ -242,7 +242,13 @@ impl RebuildPolicy {
     }
 
     /// The new filter's capacity is `max(expected_items, counted × headroom)`
-    /// (default [`DEFAULT_HEADROOM`](Self::DEFAULT_HEADROOM)).
+    /// (default [`DEFAULT_HEADROOM`](Self::DEFAULT_HEADROOM)). Before
+    /// reading the source a rebuild guesses the count (the last whole
+    /// pass's, or what the live filters' fill implies, whichever is larger;
+    /// the fill counts deleted keys too), kept within
+    /// [`max_bytes`](crate::GuardBuilder::max_bytes); where the source holds
+    /// more keys than the guess, it reads the source again at the size
+    /// they need.
     #[must_use]
     pub fn headroom(mut self, headroom: f64) -> Self {
         self.headroom = headroom;

@@ -126,7 +126,12 @@ impl Guard {
         waiting_for_writes: &AtomicBool,
     ) -> Result<Built, RebuildError> {
         let fp_rate = self.first_filter_rate();
-        let mut capacity = self.first_guess_capacity();
+        // Only a guess: the live filters' fill counts deleted keys too, and
+        // a guess over the budget would fail every retry the same way.
+        let mut capacity = self
+            .inner
+            .filters
+            .fitting(self.first_guess_capacity(), fp_rate);
         for pass in 1..=MAX_PASSES {
             let shadow = Arc::new(Shadow {
                 generation: Arc::new(Generation::new(
@@ -158,6 +163,9 @@ impl Guard {
                 capacity,
                 "the source holds more keys than the new filter was sized for: reading it again"
             );
+            // A whole pass's count, kept whether the next pass ends or not:
+            // a retry after a timeout there sizes from it, and reads once.
+            self.history().last_counted = Some(keys);
             capacity = self.capacity_for(keys);
         }
         unreachable!("the last pass always commits")
@@ -169,7 +177,7 @@ impl Guard {
         self.inner.expected_items.max(with_headroom)
     }
 
-    /// The best count at hand before reading the source: the last rebuild's,
+    /// The best count at hand before reading the source: the last whole pass's,
     /// or what the live filters' fill implies, whichever is larger.
     fn first_guess_capacity(&self) -> u64 {
         let last_counted = self.history().last_counted.unwrap_or(0);

@@ -69,7 +69,8 @@ pub(crate) struct History {
     pub(crate) last_success_at: Option<Instant>,
     /// The same moment by the wall clock, for dashboards.
     pub(crate) last_success_time: Option<std::time::SystemTime>,
-    /// Keys the last successful rebuild read from the source.
+    /// Keys the last whole pass over the source read (a successful
+    /// rebuild's, or a first pass whose filter proved too small).
     pub(crate) last_counted: Option<u64>,
     pub(crate) rebuilds: RebuildCounts,
     /// Counter values when the live filter was last rebuilt: observed rates

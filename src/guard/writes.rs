@@ -7,15 +7,17 @@
 //! key would then be in neither the scan nor the new filter: a false negative
 //! after the swap. So every insert is counted from before it loads the live
 //! filters until its write is done (at once for a plain `insert`, at the drop
-//! of a [`PendingWrite`]); one that saw the new filter installed stops counting
-//! at once, because its key is in the new filter. After installing, a rebuild
-//! waits until the count of the others is zero.
+//! of a [`PendingWrite`]); one that saw the new filter installed leaves that
+//! count at once, because its key is in the new filter. After installing, a
+//! rebuild waits until the count of the others is zero. (Counted for their
+//! whole run instead, threads inserting in tight loops left it no moment
+//! with none counted.)
 //!
-//! A [`PendingWrite`] that saw the new filter moves its count to that
-//! filter's own tracker. When that build ends, its tracker joins the ones the
-//! next rebuild waits for: the key is in the new filter (or, if the build
-//! was abandoned, in the old one), but not in the filter the next rebuild
-//! installs, and its write may still land after that rebuild's scan.
+//! An insert or a [`PendingWrite`] that saw the new filter moves its count
+//! to that filter's own tracker. When that build ends, its tracker joins the
+//! ones the next rebuild waits for: the key is in the new filter (or, if the
+//! build was abandoned, in the old one), but not in the filter the next
+//! rebuild installs, and its write may still land after that rebuild's scan.
 
 use std::sync::Arc;
 

@@ -203,6 +203,101 @@ async fn no_false_negatives_across_rebuilds_with_concurrent_writers() {
     assert_all_present(&guard, &written, "after a final rebuild");
 }
 
+/// A bulk load: threads inserting in tight loops while a rebuild waits for
+/// the inserts that may have missed its new filter. Each insert counted
+/// itself in for its whole run, whether it saw the new filter or not, so
+/// the count the rebuild waits on was almost never zero at once across
+/// the threads, and the rebuild timed out waiting for writes none of which
+/// it needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_load_of_inserts_does_not_starve_a_rebuild() {
+    let store = store_with(&keys(0, 1_000));
+    let guard = Guard::builder()
+        .expected_items(1_000_000)
+        .source(source_of(&store))
+        .rebuild_policy(
+            RebuildPolicy::default()
+                .write_settle(Duration::ZERO)
+                .timeout(Duration::from_secs(10)),
+        )
+        .build()
+        .unwrap();
+    let loading = Arc::new(AtomicBool::new(true));
+    let loaders: Vec<_> = (0..4u64)
+        .map(|thread| {
+            let (guard, loading) = (guard.clone(), Arc::clone(&loading));
+            std::thread::spawn(move || {
+                let mut key = thread << 48;
+                while loading.load(Ordering::Relaxed) {
+                    guard.insert(key.to_le_bytes());
+                    key += 1;
+                }
+                key - (thread << 48)
+            })
+        })
+        .collect();
+    // Every loader under way before the rebuild begins.
+    wait_until("the loaders to insert", || guard.stats().inserts > 100_000).await;
+    let rebuilt = guard.rebuild().await;
+    loading.store(false, Ordering::Relaxed);
+    let inserted: u64 = loaders.into_iter().map(|l| l.join().unwrap()).sum();
+    assert!(
+        rebuilt.is_ok(),
+        "{rebuilt:?} with {inserted} keys inserted meanwhile"
+    );
+}
+
+/// A first build whose guess was far too small reads the source twice. A
+/// timeout in the second pass lost the first pass's count: every retry
+/// guessed the same, read twice, and timed out again, warming for good,
+/// where one pass at the counted size fits the timeout.
+#[tokio::test(start_paused = true)]
+async fn a_count_from_a_rebuild_that_timed_out_sizes_the_retry() {
+    let store = store_with(&keys(0, 1_000));
+    // One batch: a pass takes 200 ms (a pause before it and before the end).
+    let source = ScriptedSource::pausing(source_of(&store), Duration::from_millis(100));
+    let guard = Guard::builder()
+        .expected_items(10)
+        .source(source)
+        .rebuild_policy(
+            RebuildPolicy::default()
+                .write_settle(Duration::ZERO)
+                .timeout(Duration::from_millis(300)),
+        )
+        .build()
+        .unwrap();
+    let first = guard.rebuild().await;
+    assert!(matches!(first, Err(RebuildError::TimedOut(_))), "{first:?}");
+    let retry = guard.rebuild().await.unwrap();
+    assert_eq!((retry.passes, retry.keys), (1, 1_000));
+    assert!(!guard.is_warming());
+}
+
+/// A rebuild's first guess comes from the live filters' fill, which counts
+/// keys deleted from the store (or never written) too. Past the memory
+/// budget, every retry failed the same way (`TooLarge`), though the store's
+/// keys fit it: the guard served its overfull filter for good.
+#[tokio::test]
+async fn a_guess_over_the_memory_budget_reads_the_source_within_it() {
+    let store = store_with(&keys(0, 10_000));
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .max_bytes(64 * 1024)
+        .source(source_of(&store))
+        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
+        .build()
+        .unwrap();
+    guard.rebuild().await.unwrap();
+    // Inserted, then deleted from the store.
+    for key in keys(10_000, 40_000) {
+        guard.insert(key);
+    }
+    let report = guard.rebuild().await.unwrap();
+    assert_eq!((report.passes, report.keys), (1, 10_000));
+    let bytes = guard.live_filters().newest().unwrap().stats().bits / 8;
+    assert!(bytes <= 64 * 1024, "a filter of {bytes} bytes");
+}
+
 /// Starts a rebuild on its own task and returns once it has installed the
 /// filter it builds (before it reads the source).
 async fn rebuild_in_background(

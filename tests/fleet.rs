@@ -2350,3 +2350,52 @@ async fn on_a_cluster_the_fleet_keeps_its_contract_across_a_failover() {
     }
     drop(cluster);
 }
+
+/// A member's own heavy work ran on the task that fences it when its lease
+/// runs out: encoding a set for a snapshot that takes longer than the lease
+/// let the lease lapse in Redis with the member unfenced; writers stopped
+/// waiting for it, and it answered `Absent` for their keys until the
+/// encoding ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_encoding_a_large_snapshot_still_fences_when_its_lease_lapses() {
+    let server = RedisServer::start();
+    // About 240 MB a filter: 0.6-0.8 s to encode here, longer than the
+    // lease (whose last eighth, 50 ms, is the margin a member fences in).
+    let large = |name: &str| {
+        Guard::builder()
+            .name(name)
+            .expected_items(200_000_000)
+            .seed(0xf1ee7)
+            .build()
+            .unwrap()
+    };
+    let lease = Duration::from_millis(400);
+    let a = join_with(large("a"), server.client(), "encoding", |builder| {
+        builder.lease(lease).snapshot_every(lease)
+    })
+    .await;
+    let b = join_with(large("b"), server.client(), "encoding", |builder| {
+        builder.lease(lease)
+    })
+    .await;
+    caught_up(&a).await;
+    caught_up(&b).await;
+    let ledger = Ledger::default();
+    let audit = audit(&ledger, vec![a.guard().clone()]);
+    let writes = keep_writing(&ledger, &b.fleet, keys("encoding", 2_000));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    writes.abort();
+    let report = audit.finish().await;
+    let mut connection = server.client().get_connection().unwrap();
+    assert!(
+        !manifest(&mut connection, "encoding").is_empty(),
+        "a snapshot was published"
+    );
+    assert!(
+        report.rounds > 10 && !ledger.completed().is_empty(),
+        "{report:?}"
+    );
+    for member in [a, b] {
+        member.handle.shutdown().await;
+    }
+}

@@ -1176,6 +1176,19 @@ impl Drop for UnfinishedJoin {
     }
 }
 
+/// Runs `work` on tokio's blocking pool. A member's tasks run as one (its
+/// consumer, lease renewals, lease watch and publisher): work as long as
+/// encoding or decoding a whole set, run among them, held the lease watch
+/// up, and a lease could lapse in Redis with the guard still unfenced.
+async fn off_the_member_task<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => done,
+        Err(failed) if failed.is_panic() => std::panic::resume_unwind(failed.into_panic()),
+        // Cancelled: the runtime is shutting down, and this task with it.
+        Err(_) => std::future::pending().await,
+    }
+}
+
 /// The lease bookkeeping's answers to replies that arrive late, get lost,
 /// or come from a Redis that lost its data: what a member fenced for
 /// stays fenced until it has caught up (or recovered).

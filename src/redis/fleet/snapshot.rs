@@ -31,7 +31,7 @@ use tracing::Instrument;
 
 use super::membership::RECORD_SINCE;
 use super::position::POSITION_BEFORE;
-use super::{FleetSync, StreamPosition};
+use super::{FleetSync, StreamPosition, off_the_member_task};
 use crate::error::FleetError;
 use crate::guard::snapshot::LiveSnapshot;
 
@@ -262,10 +262,9 @@ impl FleetSync {
         let (position, replacements, resets, fleet_since, fresh) =
             taken().ok_or(FleetError::Fenced)?;
         let since = fleet_since.unwrap_or(0);
-        let encoded = self
-            .inner
-            .guard
-            .encode_live_set()
+        let guard = self.inner.guard.clone();
+        let encoded = off_the_member_task(move || guard.encode_live_set())
+            .await
             .ok_or(FleetError::Warming)?;
         if taken()
             .is_none_or(|(_, now, resets_now, _, _)| now != replacements || resets_now != resets)
@@ -499,7 +498,9 @@ impl FleetSync {
                 None => return Ok(Read::Replaced),
             }
         }
-        let set = LiveSnapshot::from_bytes(&encoded).map_err(FleetError::Decode)?;
+        let set = off_the_member_task(move || LiveSnapshot::from_bytes(&encoded))
+            .await
+            .map_err(FleetError::Decode)?;
         Ok(Read::Snapshot(manifest, set))
     }
 

@@ -17,6 +17,10 @@ use crate::guard::RebuildError;
 
 /// Entries applied per read, at most.
 const READ_COUNT: usize = 1_000;
+/// Keys applied between yields to the member's other tasks: a read of many
+/// large batches, applied in one go, held its lease watch up as long (see
+/// `off_the_member_task`).
+const KEYS_BETWEEN_YIELDS: usize = 4_096;
 /// Wait before reconnecting after a failed read.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -269,7 +273,7 @@ impl FleetSync {
         }
         let applied_any = !read.entries.ids.is_empty();
         let mut newest = position;
-        let mut remote = 0;
+        let (mut remote, mut applied) = (0, 0);
         for entry in &read.entries.ids {
             let keys = match entry.map.get("k") {
                 Some(Value::BulkString(encoded)) => decode_keys(encoded),
@@ -287,6 +291,10 @@ impl FleetSync {
             };
             for key in &keys {
                 self.inner.guard.insert(key);
+                applied += 1;
+                if applied % KEYS_BETWEEN_YIELDS == 0 {
+                    tokio::task::yield_now().await;
+                }
             }
             let from: Option<String> = entry.get("m");
             if from.as_deref() != Some(self.inner.member.as_str()) {

@@ -1697,6 +1697,35 @@ async fn a_member_configured_otherwise_refuses_to_join() {
             ..
         }
     ));
+
+    // A fleet of a build that wrote its entries otherwise (no protocol
+    // recorded): this build's members would skip them, and acknowledge.
+    let mut connection = server.client().get_connection().unwrap();
+    let recorded: String = redis::cmd("GET")
+        .arg("{settings}:settings")
+        .query(&mut connection)
+        .unwrap();
+    assert!(recorded.contains("protocol="), "{recorded}");
+    let older: Vec<&str> = recorded
+        .lines()
+        .filter(|line| !line.starts_with("protocol="))
+        .collect();
+    let () = redis::cmd("SET")
+        .arg("{older}:settings")
+        .arg(older.join("\n"))
+        .query(&mut connection)
+        .unwrap();
+    let other_protocol = refused_join(guard("c"), server.client(), "older", LEASE).await;
+    assert!(
+        matches!(
+            &other_protocol,
+            FleetError::SettingsDiffer {
+                setting: "protocol",
+                ..
+            }
+        ),
+        "{other_protocol}"
+    );
 }
 
 /// Redis losing its data loses the fleet's settings too. The members

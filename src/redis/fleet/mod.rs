@@ -71,7 +71,8 @@
 //!   than a lease), the kept stream is all there is. A failover back to a
 //!   master that never resynced keeps its run id, and is not noticed.
 //! - **One configuration per fleet.** The first member records the settings
-//!   that must agree (seed, size, rate, lifecycle, write settle, lease) under
+//!   that must agree (seed, size, rate, lifecycle, write settle, lease, and
+//!   the version of what members write for each other) under
 //!   `{name}:settings`; a member configured otherwise refuses to join with
 //!   [`FleetError::SettingsDiffer`]. A joiner checks them after waiting out
 //!   a young record's first lease, and the members running record theirs
@@ -423,6 +424,12 @@ impl MemberState {
 /// The shortest lease and snapshot period: shorter ones would have members
 /// do little else than renew or publish.
 const SHORTEST_PERIOD: Duration = Duration::from_millis(100);
+
+/// The version of what members write for each other (stream entries,
+/// snapshots, keys), recorded with the fleet's settings: a member that
+/// wrote entries another cannot read would have them skipped, and
+/// acknowledged, by it. Raised with every change to that format.
+const PROTOCOL: u32 = 1;
 
 /// Configures a [`FleetSync`]; made by [`FleetSync::builder`].
 #[derive(Debug)]
@@ -852,6 +859,7 @@ impl FleetSync {
             "lease_ms",
             self.inner.settings.lease.as_millis().to_string(),
         ));
+        ours.push(("protocol", PROTOCOL.to_string()));
         let text: String = ours
             .iter()
             .map(|(name, value)| format!("{name}={value}"))

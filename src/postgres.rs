@@ -246,7 +246,10 @@ impl fmt::Debug for PgSource {
 /// Values from a table: `SELECT value … WHERE key = $1` for one key, and for
 /// a batch one query joining the keys (`unnest($1) WITH ORDINALITY`) to the
 /// table, whose rows answer the keys by position: each key gets what `= $1`
-/// finds for it, whatever text the row holds (a `char(n)` key is padded).
+/// finds for it, whatever text the row holds (a `char(n)` key is padded;
+/// `=` compares it to the key without its trailing blanks, so ask for
+/// `abc`, not `abc  `). A key holding a NUL, which no text value holds, is
+/// not found.
 /// Use it as a [`Loader`] for
 /// [`GuardedLoader`](crate::GuardedLoader), or as a `tower::Service` behind
 /// [`GuardLayer::for_loader`](crate::GuardLayer::for_loader). `V` is what the
@@ -338,6 +341,11 @@ where
     /// The database's error (a missing table, a bad column type…) or
     /// [`PgLoadError::TimedOut`].
     pub async fn get(&self, key: &str) -> Result<Option<V>, PgLoadError> {
+        // No text value holds a NUL, and PostgreSQL refuses one as a
+        // parameter: such a key is not found, rather than an error.
+        if key.contains('\0') {
+            return Ok(None);
+        }
         let query = sqlx::query_scalar(&self.one)
             .bind(key)
             .fetch_optional(&self.pool);
@@ -352,7 +360,12 @@ where
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let asked: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
+        // A key holding a NUL (see `get`) asked as NULL, which matches no
+        // row: not found, and the other keys answered.
+        let asked: Vec<Option<&str>> = keys
+            .iter()
+            .map(|key| Some(key.as_ref()).filter(|key| !key.contains('\0')))
+            .collect();
         let query = sqlx::query_as::<_, (i64, V)>(&self.many)
             .bind(&asked)
             .fetch_all(&self.pool);

@@ -239,6 +239,13 @@ async fn a_batch_answers_each_key_as_get_does_whatever_text_the_rows_hold() {
     }
     assert_eq!(one_by_one[0].as_deref(), Some("padded"));
     assert_eq!(codes.get_many(&asked).await.unwrap(), one_by_one);
+    // A NUL, which no text value holds (PostgreSQL refuses it as a
+    // parameter): not found, not an error for the whole batch.
+    assert_eq!(codes.get("a\0b").await.unwrap(), None);
+    assert_eq!(
+        codes.get_many(&["abc", "a\0b"]).await.unwrap(),
+        [Some("padded".to_owned()), None]
+    );
 
     let handles = PgLoader::<String>::new(pool, "handles", "handle", "name");
     assert_eq!(handles.get("ab").await.unwrap().as_deref(), Some("mixed"));

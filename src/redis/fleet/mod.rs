@@ -789,6 +789,14 @@ impl FleetSync {
             // Learnt again by the first renewal; a stale one from before
             // leaving would have this member mark records it lacks nothing of.
             state.snapshot_needed = false;
+            // What fenced a membership before is judged again by this join:
+            // the settings checked below, the catch-up target set by its
+            // renewal (an old one may lie in a stream Redis has lost, never
+            // reached), a recovery where the start chosen below needs one.
+            state.settings_differ = false;
+            state.settings_unchecked = false;
+            state.catch_up_to = None;
+            state.recovering = false;
         }
         tokio::time::sleep(grace).await;
         // After the grace: following a loss, the members from before have

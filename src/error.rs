@@ -373,6 +373,9 @@ pub enum FleetError {
     /// [`FleetHandle::shutdown`](crate::redis::fleet::FleetHandle::shutdown)
     /// lets it join again).
     AlreadyJoined,
+    /// The application's shutdown token was cancelled before
+    /// [`join_until`](crate::redis::fleet::FleetSync::join_until) finished.
+    ShuttingDown,
     /// Redis answered in a shape the fleet does not write.
     UnexpectedReply(&'static str),
     /// Fewer replicas than asked for acknowledged an append or a renewal
@@ -429,6 +432,7 @@ impl fmt::Display for FleetError {
             Self::AlreadyJoined => {
                 f.write_str("the guard follows a fleet already: one member per guard at a time")
             }
+            Self::ShuttingDown => f.write_str("shutting down before the fleet join finished"),
             Self::UnexpectedReply(what) => write!(f, "unexpected reply from Redis: {what}"),
             Self::NotReplicated {
                 wanted,

@@ -2445,3 +2445,30 @@ async fn a_member_encoding_a_large_snapshot_still_fences_when_its_lease_lapses()
         member.handle.shutdown().await;
     }
 }
+
+/// A join waits out a young record's lease, and retries Redis for as long:
+/// `join_until` ends it when the application shuts down meanwhile, the
+/// guard fenced and free to join again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_during_join_until_ends_the_join() {
+    let server = RedisServer::start();
+    let member = FleetSync::builder(guard("a"), server.client(), "shutting")
+        .lease(LEASE)
+        .build();
+    let shutdown = CancellationToken::new();
+    shutdown.cancel();
+    let joined = member.join_until(&shutdown).await;
+    assert!(
+        matches!(joined, Err(FleetError::ShuttingDown)),
+        "{joined:?}"
+    );
+    assert_eq!(
+        member.guard().check("never inserted"),
+        Verdict::MaybePresent
+    );
+    let again = Member {
+        handle: member.join().await.unwrap(),
+        fleet: member,
+    };
+    caught_up(&again).await;
+}

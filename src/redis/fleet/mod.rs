@@ -720,7 +720,9 @@ impl FleetSync {
     /// token is cancelled.
     ///
     /// # Errors
-    /// As [`join`](Self::join).
+    /// As [`join`](Self::join), and [`FleetError::ShuttingDown`] when the
+    /// token is cancelled before the join finished (the guard stays
+    /// fenced).
     pub async fn join_until(
         &self,
         shutdown: &CancellationToken,
@@ -742,7 +744,16 @@ impl FleetSync {
         self.inner.guard.set_fenced(true);
         self.state().fenced = true;
         self.inner.counters.count_fence();
-        self.enter().instrument(self.span("join")).await?;
+        let entered = self.enter().instrument(self.span("join"));
+        match shutdown {
+            // The join waits out a young record's lease and may retry Redis
+            // for as long: a shutdown meanwhile ends it at once.
+            Some(shutdown) => tokio::select! {
+                entered = entered => entered?,
+                () = shutdown.cancelled() => return Err(FleetError::ShuttingDown),
+            },
+            None => entered.await?,
+        }
         unfinished.finished = true;
         self.take_rebuild_turns();
         let member = self.clone();

@@ -146,7 +146,7 @@ impl Guard {
     }
 
     /// Why a rebuild is due now, if it is.
-    fn rebuild_due(&self, now: Instant) -> Option<&'static str> {
+    pub(super) fn rebuild_due(&self, now: Instant) -> Option<&'static str> {
         self.inner.source.as_ref()?;
         let policy = &self.inner.rebuild_policy;
         if self.is_warming() {
@@ -396,17 +396,20 @@ impl Task {
                             give_back(false).await;
                             break;
                         }
-                        result = guard.rebuild() => {
+                        result = guard.rebuild_if_due() => {
                             // Sharing a committed set uploads it: a stop
                             // meanwhile gives the turn back without it.
+                            let committed = result.as_ref().is_some_and(Result::is_ok);
                             tokio::select! {
                                 () = stop.cancelled() => {
                                     give_back(false).await;
                                     break;
                                 }
-                                () = give_back(result.is_ok()) => {}
+                                () = give_back(committed) => {}
                             }
-                            self.after_rebuild(result.map(|_| ()));
+                            if let Some(result) = result {
+                                self.after_rebuild(result.map(|_| ()));
+                            }
                         }
                     }
                 } else {

@@ -90,10 +90,30 @@ impl Guard {
     /// [`RebuildError`]; the live filters keep serving, and the failure is
     /// counted in [`GuardStats::rebuilds`](super::GuardStats::rebuilds).
     pub async fn rebuild(&self) -> Result<RebuildReport, RebuildError> {
+        if self.inner.source.is_none() {
+            return Err(RebuildError::NoSource);
+        }
+        let one_at_a_time = self.inner.rebuild_lock.lock().await;
+        self.rebuild_holding(one_at_a_time).await
+    }
+
+    /// The maintenance task's rebuild: only if still due once the rebuild
+    /// lock is taken (`None` if not). One that held the lock meanwhile (a
+    /// manual `rebuild` at startup, beside the task's first build) may have
+    /// done it, and a second pass over the store would only repeat it.
+    pub(super) async fn rebuild_if_due(&self) -> Option<Result<RebuildReport, RebuildError>> {
+        let one_at_a_time = self.inner.rebuild_lock.lock().await;
+        self.rebuild_due(Instant::now())?;
+        Some(self.rebuild_holding(one_at_a_time).await)
+    }
+
+    async fn rebuild_holding(
+        &self,
+        _one_at_a_time: tokio::sync::MutexGuard<'_, ()>,
+    ) -> Result<RebuildReport, RebuildError> {
         let Some(source) = &self.inner.source else {
             return Err(RebuildError::NoSource);
         };
-        let _one_at_a_time = self.inner.rebuild_lock.lock().await;
         let mut attempt = Attempt {
             guard: self,
             started: Instant::now(),

@@ -298,6 +298,29 @@ async fn a_guess_over_the_memory_budget_reads_the_source_within_it() {
     assert!(bytes <= 64 * 1024, "a filter of {bytes} bytes");
 }
 
+/// A manual rebuild at startup beside the maintenance task's first build:
+/// the task, finding a build due, waited for the manual one's lock and then
+/// read the whole store again, though the manual one had done the build.
+#[tokio::test(start_paused = true)]
+async fn a_manual_rebuild_beside_the_tasks_first_build_reads_the_store_once() {
+    let store = store_with(&keys(0, 1_000));
+    let source = ScriptedSource::pausing(source_of(&store), Duration::from_millis(100));
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .source(source)
+        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
+        .maintenance_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let manual = rebuild_in_background(&guard).await;
+    let _maintenance = guard.spawn_maintenance();
+    manual.await.unwrap().unwrap();
+    // Time for a second pass (200 ms), had the task begun one.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rebuilds = guard.stats().rebuilds;
+    assert_eq!((rebuilds.succeeded, rebuilds.failed), (1, 0));
+}
+
 /// Starts a rebuild on its own task and returns once it has installed the
 /// filter it builds (before it reads the source).
 async fn rebuild_in_background(

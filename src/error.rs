@@ -374,7 +374,8 @@ pub enum FleetError {
     /// lets it join again).
     AlreadyJoined,
     /// The application's shutdown token was cancelled before
-    /// [`join_until`](crate::redis::fleet::FleetSync::join_until) finished.
+    /// [`join_until`](crate::redis::fleet::FleetSync::join_until) finished,
+    /// or the runtime shut down under a snapshot's encoding or decoding.
     ShuttingDown,
     /// Redis answered in a shape the fleet does not write.
     UnexpectedReply(&'static str),
@@ -432,7 +433,7 @@ impl fmt::Display for FleetError {
             Self::AlreadyJoined => {
                 f.write_str("the guard follows a fleet already: one member per guard at a time")
             }
-            Self::ShuttingDown => f.write_str("shutting down before the fleet join finished"),
+            Self::ShuttingDown => f.write_str("shutting down: the fleet join or snapshot did not finish"),
             Self::UnexpectedReply(what) => write!(f, "unexpected reply from Redis: {what}"),
             Self::NotReplicated {
                 wanted,

@@ -2472,3 +2472,28 @@ async fn a_shutdown_during_join_until_ends_the_join() {
     };
     caught_up(&again).await;
 }
+
+/// A member joining again (the same `FleetSync`) after Redis lost its data
+/// adopts a snapshot of the new stream: its old position, in the lost
+/// stream and ahead of every id of the new one, became a catch-up target
+/// the new stream never reached, and it recovered again and again, fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_joining_again_after_a_loss_is_not_held_to_its_old_position() {
+    let server = RedisServer::start();
+    let a = join(guard("a"), server.client(), "again").await;
+    caught_up(&a).await;
+    let ledger = Ledger::default();
+    let written = keep_writing(&ledger, &a.fleet, keys("again", 20));
+    assert_eq!(written.await.unwrap(), 20);
+    a.handle.shutdown().await;
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+    let b = join(guard("b"), server.client(), "again").await;
+    caught_up(&b).await;
+    b.fleet.publish_snapshot().await.unwrap();
+    let again = Member {
+        handle: a.fleet.join().await.unwrap(),
+        fleet: a.fleet,
+    };
+    caught_up(&again).await;
+}

@@ -808,6 +808,9 @@ impl FleetSync {
             state.settings_unchecked = false;
             state.catch_up_to = None;
             state.recovering = false;
+            // Chosen below; an old one would set a snapshot adopted there a
+            // catch-up target of its own.
+            state.position = StreamPosition::START;
         }
         tokio::time::sleep(grace).await;
         // After the grace: following a loss, the members from before have
@@ -1207,12 +1210,16 @@ impl Drop for UnfinishedJoin {
 /// consumer, lease renewals, lease watch and publisher): work as long as
 /// encoding or decoding a whole set, run among them, held the lease watch
 /// up, and a lease could lapse in Redis with the guard still unfenced.
-async fn off_the_member_task<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+///
+/// # Errors
+/// [`FleetError::ShuttingDown`] where the runtime shut down before `work` ran.
+async fn off_the_member_task<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, FleetError> {
     match tokio::task::spawn_blocking(work).await {
-        Ok(done) => done,
+        Ok(done) => Ok(done),
         Err(failed) if failed.is_panic() => std::panic::resume_unwind(failed.into_panic()),
-        // Cancelled: the runtime is shutting down, and this task with it.
-        Err(_) => std::future::pending().await,
+        Err(_) => Err(FleetError::ShuttingDown),
     }
 }
 

@@ -264,7 +264,7 @@ impl FleetSync {
         let since = fleet_since.unwrap_or(0);
         let guard = self.inner.guard.clone();
         let encoded = off_the_member_task(move || guard.encode_live_set())
-            .await
+            .await?
             .ok_or(FleetError::Warming)?;
         if taken()
             .is_none_or(|(_, now, resets_now, _, _)| now != replacements || resets_now != resets)
@@ -499,7 +499,7 @@ impl FleetSync {
             }
         }
         let set = off_the_member_task(move || LiveSnapshot::from_bytes(&encoded))
-            .await
+            .await?
             .map_err(FleetError::Decode)?;
         Ok(Read::Snapshot(manifest, set))
     }

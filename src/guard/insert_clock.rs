@@ -31,20 +31,36 @@ pub(crate) struct InsertClock {
     /// Nanoseconds after `base` of the latest insert into each stripe.
     last_insert: Box<[AtomicU64]>,
     /// Nanoseconds after `base` of the latest change that stamped every
-    /// stripe at once ([`stamp_every_key`](Self::stamp_every_key)).
+    /// stripe at once ([`stamp_every_key`](Self::stamp_every_key));
+    /// [`NOT_STARTED`] until [`start`](Self::start).
     every_key: AtomicU64,
     /// `PendingWrite`s open in each stripe.
     pending: Box<[AtomicU32]>,
 }
 
+/// Every key counts as inserted at any time: an insert that ran while the
+/// clock was being made, before inserts could find it, stamped nothing.
+const NOT_STARTED: u64 = u64::MAX;
+
 impl InsertClock {
+    /// A clock that answers "maybe" for every key until [`start`](Self::start).
     pub(crate) fn new() -> Self {
         Self {
             base: Instant::now(),
             last_insert: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
-            every_key: AtomicU64::new(0),
+            every_key: AtomicU64::new(NOT_STARTED),
             pending: (0..STRIPES).map(|_| AtomicU32::new(0)).collect(),
         }
+    }
+
+    /// Starts answering, once inserts find the clock: every key counts as
+    /// inserted now, for the inserts that ran before they could.
+    pub(crate) fn start(&self) {
+        let now = self.ticks(Instant::now());
+        // Only the first start: a later one would move a stamp back.
+        let _ =
+            self.every_key
+                .compare_exchange(NOT_STARTED, now, Ordering::SeqCst, Ordering::SeqCst);
     }
 
     /// Stamps an insert of the key hashing to `hash`, now.

@@ -715,13 +715,10 @@ impl Guard {
 
     /// Starts timing inserts, for a loader's confirmed-absent cache.
     pub(crate) fn time_inserts(&self) {
-        // An insert that ran while the clock was being made stamped nothing,
-        // though it may be later than the clock's start: every key counts as
-        // inserted now, after the clock is there for inserts to stamp.
         self.inner
             .insert_clock
             .get_or_init(InsertClock::new)
-            .stamp_every_key();
+            .start();
     }
 
     /// Stamps an insert of the key hashing to `hash` when inserts are timed.

@@ -146,12 +146,7 @@ impl Guard {
         waiting_for_writes: &AtomicBool,
     ) -> Result<Built, RebuildError> {
         let fp_rate = self.first_filter_rate();
-        // Only a guess: the live filters' fill counts deleted keys too, and
-        // a guess over the budget would fail every retry the same way.
-        let mut capacity = self
-            .inner
-            .filters
-            .fitting(self.first_guess_capacity(), fp_rate);
+        let mut capacity = self.first_guess_capacity(fp_rate);
         for pass in 1..=MAX_PASSES {
             let shadow = Arc::new(Shadow {
                 generation: Arc::new(Generation::new(
@@ -197,9 +192,12 @@ impl Guard {
         self.inner.expected_items.max(with_headroom)
     }
 
-    /// The best count at hand before reading the source: the last whole pass's,
-    /// or what the live filters' fill implies, whichever is larger.
-    fn first_guess_capacity(&self) -> u64 {
+    /// The capacity for the best count at hand before reading the source:
+    /// the last whole pass's, or what the live filters' fill implies,
+    /// whichever is larger. The estimate only within the memory budget: the
+    /// fill counts deleted keys too, and a guess over the budget would fail
+    /// every retry the same way. (A count over it fails at once.)
+    fn first_guess_capacity(&self, fp_rate: f64) -> u64 {
         let last_counted = self.history().last_counted.unwrap_or(0);
         let live = self.inner.live.load();
         let estimated: f64 = live
@@ -207,7 +205,9 @@ impl Guard {
             .iter()
             .map(|g| g.filter.stats().estimated_items)
             .sum();
-        self.capacity_for(last_counted.max(estimated as u64))
+        let estimated = self.capacity_for(estimated as u64);
+        self.capacity_for(last_counted)
+            .max(self.inner.filters.fitting(estimated, fp_rate))
     }
 
     /// Waits until every insert begun before the shadow was installed has

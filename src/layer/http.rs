@@ -116,8 +116,11 @@ impl<F> fmt::Debug for KeyFn<F> {
 /// route axum matched to this template (its `MatchedPath`, under any
 /// `nest`), so `/items/featured` reaches its own handler. A
 /// `nest_service` or a fallback under the layer has no matched route (it
-/// routes for itself): the guard lets its requests through, so guard such
-/// a service with a layer of its own router. That needs the
+/// routes for itself): the guard lets its requests through. Guard such a
+/// service with a layer of its own router, or with a layer around it
+/// (`nest_service("/items", layer.layer(service))` keyed `/{id}`, which
+/// then keys every path it is handed, as outside a router), or route the
+/// service with `route_service("/items/{id}", …)`. That needs the
 /// layer inside the router (`Router::layer`, `route_layer`): one wrapped
 /// around the router from outside (`GuardLayer::layer(router)`, a
 /// `ServiceBuilder` around the app) runs before axum routes and sees no
@@ -472,16 +475,19 @@ impl<B> HttpKey<B> for PathKey {
                 self.parameter_at_end(original)?
             }
             // Routed by an axum router (it leaves the path it came with),
-            // yet no route matched: a `nest_service` or a fallback, which
-            // routes for itself and may hold a static sibling.
+            // to no route of its own: a layer of that router over a
+            // `nest_service` or a fallback, which routes for itself and
+            // may hold a static sibling of the template.
             None if request
                 .extensions()
                 .get::<axum::extract::OriginalUri>()
-                .is_some() =>
+                .is_some_and(|original| original.path() == request.uri().path()) =>
             {
                 return None;
             }
-            // Before any router: the whole path must be the template.
+            // Before any router, or around the service a `nest_service`
+            // routed to (its prefix stripped): the whole path must be the
+            // template.
             None => self.parameter(request.uri().path())?,
         };
         #[cfg(not(feature = "axum"))]

@@ -389,6 +389,22 @@ async fn a_nested_service_or_fallback_is_not_guarded_as_the_template() {
         assert_eq!(response.status(), StatusCode::OK, "{path}");
     }
     assert_eq!(guard.stats().checks.total(), 0, "nothing was keyed");
+
+    // A layer around the service a `nest_service` routes to sees the path
+    // with the nest's prefix stripped, and keys it whole, as outside a
+    // router: still guarded.
+    let items = tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(axum::response::Response::new(Body::empty()))
+    });
+    let around = Router::new().nest_service("/items", layer("/{id}").layer(items));
+    let request = Request::get("/items/2").body(Body::empty()).unwrap();
+    let response = around.oneshot(request).await.unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::NOT_FOUND,
+        "absent, answered by the guard"
+    );
+    assert_eq!(guard.stats().checks.absent, 1);
 }
 
 /// A route of the layer's own router that only ends with the template

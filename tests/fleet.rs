@@ -2428,15 +2428,17 @@ async fn a_member_encoding_a_large_snapshot_still_fences_when_its_lease_lapses()
     caught_up(&b).await;
     let ledger = Ledger::default();
     let audit = audit(&ledger, vec![a.guard().clone()]);
-    let writes = keep_writing(&ledger, &b.fleet, keys("encoding", 2_000));
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let writes = keep_writing(&ledger, &b.fleet, keys("encoding", 20_000));
+    // Under load a publish may find `a` fenced (a renewal late), and tries
+    // again a period later: wait for one, then for the encodings after it.
+    let mut connection = server.client().get_connection().unwrap();
+    wait_until("a snapshot of the large set", || {
+        exists(&mut connection, "{encoding}:snapshot")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     writes.abort();
     let report = audit.finish().await;
-    let mut connection = server.client().get_connection().unwrap();
-    assert!(
-        !manifest(&mut connection, "encoding").is_empty(),
-        "a snapshot was published"
-    );
     assert!(
         report.rounds > 10 && !ledger.completed().is_empty(),
         "{report:?}"

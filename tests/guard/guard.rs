@@ -247,18 +247,22 @@ async fn a_bulk_load_of_inserts_does_not_starve_a_rebuild() {
     );
 }
 
+/// 1,000 keys in one batch, a pass over them taking 200 ms (a pause before
+/// the batch and one before the end).
+fn read_in_200_ms() -> ScriptedSource {
+    let store = store_with(&keys(0, 1_000));
+    ScriptedSource::pausing(source_of(&store), Duration::from_millis(100))
+}
+
 /// A first build whose guess was far too small reads the source twice. A
 /// timeout in the second pass lost the first pass's count: every retry
 /// guessed the same, read twice, and timed out again, warming for good,
 /// where one pass at the counted size fits the timeout.
 #[tokio::test(start_paused = true)]
 async fn a_count_from_a_rebuild_that_timed_out_sizes_the_retry() {
-    let store = store_with(&keys(0, 1_000));
-    // One batch: a pass takes 200 ms (a pause before it and before the end).
-    let source = ScriptedSource::pausing(source_of(&store), Duration::from_millis(100));
     let guard = Guard::builder()
         .expected_items(10)
-        .source(source)
+        .source(read_in_200_ms())
         .rebuild_policy(
             RebuildPolicy::default()
                 .write_settle(Duration::ZERO)
@@ -303,11 +307,9 @@ async fn a_guess_over_the_memory_budget_reads_the_source_within_it() {
 /// read the whole store again, though the manual one had done the build.
 #[tokio::test(start_paused = true)]
 async fn a_manual_rebuild_beside_the_tasks_first_build_reads_the_store_once() {
-    let store = store_with(&keys(0, 1_000));
-    let source = ScriptedSource::pausing(source_of(&store), Duration::from_millis(100));
     let guard = Guard::builder()
         .expected_items(10_000)
-        .source(source)
+        .source(read_in_200_ms())
         .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
         .maintenance_interval(Duration::from_millis(20))
         .build()

@@ -375,7 +375,8 @@ pub enum FleetError {
     AlreadyJoined,
     /// The application's shutdown token was cancelled before
     /// [`join_until`](crate::redis::fleet::FleetSync::join_until) finished,
-    /// or the runtime shut down under a snapshot's encoding or decoding.
+    /// or the runtime shut down before a snapshot's encoding or decoding
+    /// could start.
     ShuttingDown,
     /// Redis answered in a shape the fleet does not write.
     UnexpectedReply(&'static str),

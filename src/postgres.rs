@@ -59,8 +59,9 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 /// let pool = sqlx::PgPool::connect("postgres://app@127.0.0.1/app").await?;
 /// let guard = Guard::builder()
 ///     .expected_items(10_000_000)
-///     // `id` is a `text` column; for another type list it as text:
-///     // `PgSource::from_query(pool, "SELECT id::text AS id FROM items", "id")`.
+///     // `id` is a `text` column; for another type (or `char(n)`) list it
+///     // as text, `PgSource::from_query(pool, "SELECT id::text AS id FROM
+///     // items", "id")`, with an index on `(id::text)` for the pages.
 ///     .source(PgSource::new(pool, "items", "id"))
 ///     .build()?;
 /// # let _ = guard;
@@ -255,7 +256,10 @@ impl fmt::Debug for PgSource {
 /// [`GuardLayer::for_loader`](crate::GuardLayer::for_loader). `V` is what the
 /// value column decodes to (`String` for text, `Vec<u8>` for bytea, …).
 ///
-/// The key column must compare keys byte for byte, as the guard does: a
+/// The key column must be text (`text`, `varchar`, `char(n)`): each key is
+/// sent as `text`, and `= $1` on a column of another type fails every call
+/// (implement [`Loader`] with the query that casts for such a column). It
+/// must compare keys byte for byte, as the guard does: a
 /// deterministic collation, not one that ignores case or accents, and not
 /// `citext`. Under those, `= $1` finds the row of `'A'` for `'a'`, which a
 /// guard holding `'A'` answers absent without asking. [`PgSource`] refuses

@@ -132,10 +132,14 @@ impl GuardBuilder {
 
     /// The most bytes one filter of the guard may take: see
     /// [`FilterBuilder::max_bytes`]. A rebuild makes one filter of the
-    /// whole store, so a store whose filter would take more fails every
-    /// rebuild ([`RebuildError::Config`](crate::RebuildError::Config), the
-    /// live filters serving), even on a [growing](crate::Lifecycle::Grow)
-    /// guard whose generations each fit.
+    /// whole store, sized for `max(expected_items, keys × headroom)` (see
+    /// [`RebuildPolicy::headroom`](crate::RebuildPolicy::headroom)): a
+    /// store whose filter would take more fails its rebuilds
+    /// ([`RebuildError::Config`](crate::RebuildError::Config)), even on a
+    /// [growing](crate::Lifecycle::Grow) guard whose generations each fit.
+    /// The live filters keep serving, or the guard stays warming if none
+    /// was built yet. Leave room for the headroom: at least `headroom` times
+    /// the store's filter.
     pub fn max_bytes(mut self, max_bytes: u64) -> Self {
         self.filters = self.filters.max_bytes(max_bytes);
         self

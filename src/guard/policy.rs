@@ -243,12 +243,13 @@ impl RebuildPolicy {
 
     /// The new filter's capacity is `max(expected_items, counted × headroom)`
     /// (default [`DEFAULT_HEADROOM`](Self::DEFAULT_HEADROOM)). Before
-    /// reading the source a rebuild guesses the count (the last whole
-    /// pass's, or what the live filters' fill implies, whichever is larger;
-    /// the fill counts deleted keys too), kept within
-    /// [`max_bytes`](crate::GuardBuilder::max_bytes); where the source holds
-    /// more keys than the guess, it reads the source again at the size
-    /// they need.
+    /// reading the source a rebuild takes the larger of two counts: the last
+    /// whole pass's, and what the live filters' fill implies (which counts
+    /// deleted keys too). The fill's is only a guess, and is kept within
+    /// [`max_bytes`](crate::GuardBuilder::max_bytes); a counted one whose
+    /// filter exceeds the budget fails the rebuild at once. Where the
+    /// source holds more keys than the capacity taken, the rebuild reads it
+    /// again at the size they need.
     #[must_use]
     pub fn headroom(mut self, headroom: f64) -> Self {
         self.headroom = headroom;

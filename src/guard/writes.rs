@@ -5,19 +5,20 @@
 //! rebuild installs its new filter, so it goes into the old filter only, and
 //! its write reaches the store after the rebuild's scan passed that key. The
 //! key would then be in neither the scan nor the new filter: a false negative
-//! after the swap. So every insert is counted from before it loads the live
-//! filters until its write is done (at once for a plain `insert`, at the drop
-//! of a [`PendingWrite`]); one that saw the new filter installed leaves that
-//! count at once, because its key is in the new filter. After installing, a
-//! rebuild waits until the count of the others is zero. (Counted for their
-//! whole run instead, threads inserting in tight loops left it no moment
-//! with none counted.)
+//! after the swap. So every insert is counted in the guard's count from
+//! before it loads the live filters: a plain `insert` until it returns (its
+//! store write is then covered by the write settle), a [`PendingWrite`]
+//! until it is dropped. One that finds a new filter installed moves its
+//! count at once to that filter's own tracker, since its key is in the
+//! filter being built. After installing, a rebuild waits until the guard's
+//! count, and the trackers of earlier builds, are zero. (Counting every
+//! insert in the guard's count for its whole run left a rebuild no moment
+//! at zero under threads inserting in tight loops.)
 //!
-//! An insert or a [`PendingWrite`] that saw the new filter moves its count
-//! to that filter's own tracker. When that build ends, its tracker joins the
-//! ones the next rebuild waits for: the key is in the new filter (or, if the
-//! build was abandoned, in the old one), but not in the filter the next
-//! rebuild installs, and its write may still land after that rebuild's scan.
+//! When a build ends, its tracker joins the ones the next rebuild waits
+//! for: a key counted there is in that build's filter (or, if the build was
+//! abandoned, in the old one), but not in the filter the next rebuild
+//! installs, and its write may still land after that rebuild's scan.
 
 use std::sync::Arc;
 

@@ -114,14 +114,14 @@ impl<F> fmt::Debug for KeyFn<F> {
 /// route of the router, and `/items/featured` has the shape of
 /// `/items/{id}`. With the `axum` feature, `PathKey` takes a key only on the
 /// route axum matched to this template (its `MatchedPath`, under any
-/// `nest`), so `/items/featured` reaches its own handler. A
-/// `nest_service` or a fallback under the layer has no matched route (it
-/// routes for itself): the guard lets its requests through. Guard such a
-/// service with a layer of its own router, or with a layer around it
-/// (`nest_service("/items", layer.layer(service))` keyed `/{id}`, which
-/// then keys every path it is handed, as outside a router), or route the
-/// service with `route_service("/items/{id}", …)`. That needs the
-/// layer inside the router (`Router::layer`, `route_layer`): one wrapped
+/// `nest`), so `/items/featured` reaches its own handler. A request axum
+/// routed to a `nest_service` or a fallback has no matched route (such a
+/// service routes for itself): the guard lets it through, whether its layer
+/// is the router's or wraps the service itself, and says so once at WARN.
+/// Guard such a service with a layer of its own `Router`, or route it with
+/// `route_service("/items/{id}", …)`. Taking the key from the matched
+/// route needs the layer inside the router (`Router::layer`,
+/// `route_layer`): one wrapped
 /// around the router from outside (`GuardLayer::layer(router)`, a
 /// `ServiceBuilder` around the app) runs before axum routes and sees no
 /// matched route. Without the feature, or outside, put the layer on the
@@ -420,6 +420,23 @@ impl PathKey {
     }
 }
 
+/// Says once a process that requests of a template's shape pass a
+/// `PathKey` unguarded, axum having routed them to no route of its own: the
+/// wiring looks guarded, and is not.
+#[cfg(feature = "axum")]
+#[cold]
+fn report_unmatched_route() {
+    static REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "PathKey lets through requests that an axum router routed to a nest_service or a \
+             fallback (no matched route: it cannot tell the template's route from a static \
+             sibling there): guard such a service with a layer of its own Router, or route it \
+             with route_service(\"/items/{{id}}\", …)"
+        );
+    }
+}
+
 /// The whole path the request came with: inside an axum router, a layer
 /// under a `nest` sees the path with the nest's prefix stripped; every
 /// layer sees the same original.
@@ -474,20 +491,22 @@ impl<B> HttpKey<B> for PathKey {
                 }
                 self.parameter_at_end(original)?
             }
-            // Routed by an axum router (it leaves the path it came with),
-            // to no route of its own: a layer of that router over a
-            // `nest_service` or a fallback, which routes for itself and
-            // may hold a static sibling of the template.
+            // Routed by an axum router (it leaves the path it came with) to
+            // no route of its own: a `nest_service` or a fallback, which
+            // routes for itself and may hold a static sibling of the
+            // template. (A layer around the service such a route reached
+            // looks the same: axum's public types do not tell them apart.)
             None if request
                 .extensions()
                 .get::<axum::extract::OriginalUri>()
-                .is_some_and(|original| original.path() == request.uri().path()) =>
+                .is_some() =>
             {
+                if self.parameter(request.uri().path()).is_some() {
+                    report_unmatched_route();
+                }
                 return None;
             }
-            // Before any router, or around the service a `nest_service`
-            // routed to (its prefix stripped): the whole path must be the
-            // template.
+            // Before any router: the whole path must be the template.
             None => self.parameter(request.uri().path())?,
         };
         #[cfg(not(feature = "axum"))]

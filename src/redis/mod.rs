@@ -2,11 +2,14 @@
 //! streams every key for rebuilds with `SCAN`, [`RedisLoader`] reads values
 //! with `GET`/`MGET`.
 //!
-//! Both connect lazily through a [`ConnectionManager`], which reconnects on
-//! its own: a guard built while Redis is down stays warming (its rebuilds
-//! fail and are retried), and starts serving once Redis is up; a loader
-//! whose Redis restarted fails the calls made while it was gone and
-//! recovers without being rebuilt.
+//! Both connect lazily: a guard built while Redis is down stays warming
+//! (its rebuilds fail and are retried), and starts serving once Redis is
+//! up. The loader reads through a [`ConnectionManager`] (a cluster
+//! connection on a cluster), which reconnects on its own: one whose Redis
+//! restarted fails the calls made while it was gone and recovers without
+//! being rebuilt. A source's pass on a plain Redis runs on a connection of
+//! its own that does not reconnect: a pass a restart cut short fails, and
+//! is retried.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -232,6 +235,7 @@ impl Connection {
 /// `CLUSTER NODES` and `CLUSTER SLOTS` on a cluster).
 ///
 /// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use bloomguard::{Guard, redis::RedisSource};
 ///
 /// let client = redis::Client::open("redis://127.0.0.1/")?;
@@ -239,8 +243,15 @@ impl Connection {
 ///     .expected_items(10_000_000)
 ///     .source(RedisSource::new(client, "item:*").strip_prefix("item:"))
 ///     .build()?;
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// let maintenance = guard.spawn_maintenance(); // builds, then rebuilds
+/// guard.ready().await; // warming (every key "maybe") until the first build
+/// # let _ = maintenance;
+/// # Ok(())
+/// # }
 /// ```
+///
+/// With a [`RedisLoader`] reading the same keys, take the source from it
+/// ([`RedisLoader::source`]): one prefix, written once.
 #[derive(Clone)]
 pub struct RedisSource {
     connection: Connection,
@@ -294,11 +305,12 @@ impl RedisSource {
     /// Removes `prefix` from each key before it reaches the filter, so the
     /// guard holds the ids the application checks (`item:42` → `42`).
     ///
-    /// The pattern is a glob: a prefix holding `[`, `*`, `?` or `\` is
-    /// written into it with a `\` before each (`shop\[eu]:*` for
+    /// The pattern is a glob: written by hand, it needs a `\` before each
+    /// `[`, `*`, `?` or `\` of the prefix (`shop\[eu]:*` for the prefix
     /// `shop[eu]:`). A pattern that no key starting with the prefix can
     /// match (`shop[eu]:*` matches `shope:1`, never `shop[eu]:1`) fails
-    /// every pass, saying so, rather than list nothing.
+    /// every pass, saying so, rather than list nothing. A listed key that
+    /// does not start with the prefix goes into the filter whole.
     /// [`RedisLoader::source`] writes both from the loader's prefix.
     #[must_use]
     pub fn strip_prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
@@ -945,10 +957,15 @@ impl RedisLoader {
     ///
     /// Over the same client (a cluster's for a cluster loader) on a
     /// connection of its own, so a pass's `SCAN`s do not queue before the
-    /// loader's reads. Keys of every type are listed: one that holds
-    /// another type than a string reaches the loader, which fails on it.
+    /// loader's reads, with the source's own
+    /// [`DEFAULT_TIMEOUT`](RedisSource::DEFAULT_TIMEOUT) (set another with
+    /// [`RedisSource::timeout`]). It lists keys of every Redis type, so a
+    /// hash or a list under the prefix is in the guard, and reading it
+    /// through the loader fails (`WRONGTYPE` for `get`, an error for a
+    /// batch).
     ///
     /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// use bloomguard::{Guard, GuardedLoader, redis::RedisLoader};
     ///
     /// let client = redis::Client::open("redis://127.0.0.1/")?;
@@ -957,9 +974,13 @@ impl RedisLoader {
     ///     .expected_items(10_000_000)
     ///     .source(loader.source()) // `SCAN 0 MATCH item:*`, keys stripped of `item:`
     ///     .build()?;
+    /// let maintenance = guard.spawn_maintenance(); // builds, then rebuilds
+    /// guard.ready().await; // warming (every key "maybe") until the first build
     /// let items: GuardedLoader<String, _> = GuardedLoader::new(guard, loader);
-    /// # let _ = items;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// let item = items.get("42").await?;
+    /// # let _ = (item, maintenance);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn source(&self) -> RedisSource {
         let connection = match &self.connection.target {

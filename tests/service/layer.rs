@@ -357,7 +357,9 @@ async fn a_static_sibling_route_is_not_guarded_as_the_template() {
 /// A router's layer wraps a `nest_service` and its fallback too, where
 /// axum sets no matched route (a nested service routes for itself, and a
 /// fallback matched nothing): the guard cannot tell the template's route
-/// from a static sibling there (`/users/me`), and lets the request through.
+/// from a static sibling there (`/users/me`), and lets the request through;
+/// so in a router nested in another, and around the service itself, which
+/// axum's public types do not tell apart from those.
 #[cfg(feature = "axum")]
 #[tokio::test]
 async fn a_nested_service_or_fallback_is_not_guarded_as_the_template() {
@@ -381,30 +383,21 @@ async fn a_nested_service_or_fallback_is_not_guarded_as_the_template() {
         .layer(layer("/api/users/{id}"));
     let fallback = Router::new()
         .route("/health", get(|| async { "ok" }))
-        .fallback_service(users)
+        .fallback_service(users.clone())
         .layer(layer("/users/{id}"));
-    for (app, path) in [(nested, "/api/users/me"), (fallback, "/users/me")] {
+    let nested_in_a_nest = Router::new().nest("/v1", nested.clone());
+    let around = Router::new().nest_service("/api", layer("/users/{id}").layer(users));
+    for (app, path) in [
+        (nested, "/api/users/me"),
+        (fallback, "/users/me"),
+        (nested_in_a_nest, "/v1/api/users/me"),
+        (around, "/api/users/me"),
+    ] {
         let request = Request::get(path).body(Body::empty()).unwrap();
         let response = app.oneshot(request).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK, "{path}");
     }
     assert_eq!(guard.stats().checks.total(), 0, "nothing was keyed");
-
-    // A layer around the service a `nest_service` routes to sees the path
-    // with the nest's prefix stripped, and keys it whole, as outside a
-    // router: still guarded.
-    let items = tower::service_fn(|_: Request<Body>| async {
-        Ok::<_, std::convert::Infallible>(axum::response::Response::new(Body::empty()))
-    });
-    let around = Router::new().nest_service("/items", layer("/{id}").layer(items));
-    let request = Request::get("/items/2").body(Body::empty()).unwrap();
-    let response = around.oneshot(request).await.unwrap();
-    assert_eq!(
-        response.status(),
-        StatusCode::NOT_FOUND,
-        "absent, answered by the guard"
-    );
-    assert_eq!(guard.stats().checks.absent, 1);
 }
 
 /// A route of the layer's own router that only ends with the template

@@ -716,13 +716,14 @@ impl FleetSync {
         self.join_with(None).await
     }
 
-    /// [`join`](Self::join), leaving also when the application's `shutdown`
-    /// token is cancelled.
+    /// [`join`](Self::join), tied to the application's `shutdown` token
+    /// (a `tokio_util::sync::CancellationToken`): cancelled during the join,
+    /// it returns [`FleetError::ShuttingDown`] (the guard stays fenced, and
+    /// may join again); cancelled later, the member leaves the fleet as
+    /// [`FleetHandle::shutdown`] has it leave.
     ///
     /// # Errors
-    /// As [`join`](Self::join), and [`FleetError::ShuttingDown`] when the
-    /// token is cancelled before the join finished (the guard stays
-    /// fenced).
+    /// As [`join`](Self::join), and [`FleetError::ShuttingDown`].
     pub async fn join_until(
         &self,
         shutdown: &CancellationToken,
@@ -749,8 +750,10 @@ impl FleetSync {
             // The join waits out a young record's lease and may retry Redis
             // for as long: a shutdown meanwhile ends it at once.
             Some(shutdown) => tokio::select! {
-                entered = entered => entered?,
+                // Both ready in one poll: the shutdown wins, as documented.
+                biased;
                 () = shutdown.cancelled() => return Err(FleetError::ShuttingDown),
+                entered = entered => entered?,
             },
             None => entered.await?,
         }

@@ -9,55 +9,19 @@
 
 mod common;
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bloomguard::redis::fleet::{FleetHandle, FleetSync, FleetSyncBuilder, StreamPosition};
+use bloomguard::redis::fleet::{FleetSync, FleetSyncBuilder, StreamPosition};
 use bloomguard::redis::{FleetError, FleetWriteError, RedisSource};
 use bloomguard::{Guard, Lifecycle, RebuildPolicy, Verdict};
+use common::fleet::{
+    LEASE, Ledger, Member, audit, caught_up, exists, guard, join, join_with, keep_writing, keys,
+};
 use common::redis_server::RedisServer;
 use common::tcp_proxy::{StallAt, TcpProxy};
 use common::wait_until;
 use tokio_util::sync::CancellationToken;
-
-/// Short, so that scenarios about lapsed leases run in seconds.
-const LEASE: Duration = Duration::from_millis(600);
-
-fn guard(name: &str) -> Guard {
-    Guard::builder()
-        .name(name)
-        .expected_items(100_000)
-        .seed(0xf1ee7)
-        .build()
-        .unwrap()
-}
-
-struct Member {
-    fleet: FleetSync,
-    handle: FleetHandle,
-}
-
-impl Member {
-    fn guard(&self) -> &Guard {
-        self.fleet.guard()
-    }
-}
-
-async fn join(guard: Guard, client: redis::Client, fleet: &str) -> Member {
-    join_with(guard, client, fleet, |builder| builder).await
-}
-
-async fn join_with(
-    guard: Guard,
-    client: redis::Client,
-    fleet: &str,
-    configure: impl FnOnce(FleetSyncBuilder) -> FleetSyncBuilder,
-) -> Member {
-    let fleet = configure(FleetSync::builder(guard, client, fleet).lease(LEASE)).build();
-    let handle = fleet.join().await.unwrap();
-    Member { fleet, handle }
-}
 
 /// Member `a` on the server, and member `b` reaching it through a proxy
 /// that the test can stall or cut.
@@ -159,11 +123,6 @@ async fn refused_join(
     fleet.join().await.unwrap_err()
 }
 
-/// Whether Redis holds `key`.
-fn exists(connection: &mut redis::Connection, key: &str) -> bool {
-    redis::cmd("EXISTS").arg(key).query(connection).unwrap()
-}
-
 /// Writes 20 keys through `member` (acknowledged by the fleet) and returns
 /// them: the keys from before the loss that a test then looks for.
 async fn write_keys_from_before(member: &Member) -> Vec<String> {
@@ -242,121 +201,6 @@ fn chunks_named(fleet: &str, manifest: &str) -> Vec<String> {
     (0..count)
         .map(|i| format!("{{{fleet}}}:snapshot:{}:{}:{i}", fields[4], fields[1]))
         .collect()
-}
-
-/// Waits until the member is caught up (not fenced).
-async fn caught_up(member: &Member) {
-    wait_until("the member to catch up", || !member.guard().is_fenced()).await;
-}
-
-/// A store of keys, and the keys whose fleet write completed.
-#[derive(Default, Clone)]
-struct Ledger {
-    store: Arc<Mutex<HashSet<String>>>,
-    completed: Arc<Mutex<Vec<String>>>,
-}
-
-impl Ledger {
-    /// Writes `key` through `via`; `true` once the write completed.
-    async fn write(&self, via: &FleetSync, key: String) -> bool {
-        let store = Arc::clone(&self.store);
-        let stored = key.clone();
-        let written = via
-            .insert_then_write(&key, async move { store.lock().unwrap().insert(stored) })
-            .await;
-        if written.is_ok() {
-            self.completed.lock().unwrap().push(key);
-        }
-        written.is_ok()
-    }
-
-    fn completed(&self) -> Vec<String> {
-        self.completed.lock().unwrap().clone()
-    }
-}
-
-/// What the auditor saw.
-#[derive(Debug, Default)]
-struct AuditReport {
-    /// Completed keys a member answered `Absent` for: must stay empty.
-    absent: Vec<String>,
-    rounds: u64,
-    /// Per member: a completed key was answered `MaybePresent` while fenced.
-    answered_fenced: Vec<bool>,
-}
-
-struct Audit {
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<AuditReport>,
-}
-
-/// Checks every completed key on each of `members` until stopped.
-fn audit(ledger: &Ledger, members: Vec<Guard>) -> Audit {
-    let stop = CancellationToken::new();
-    let ledger = ledger.clone();
-    let stopped = stop.clone();
-    let task = tokio::spawn(async move {
-        let mut report = AuditReport {
-            answered_fenced: vec![false; members.len()],
-            ..AuditReport::default()
-        };
-        loop {
-            let last_round = stopped.is_cancelled();
-            // Only keys completed before the round starts.
-            let completed = ledger.completed();
-            for (i, member) in members.iter().enumerate() {
-                let fenced = member.is_fenced();
-                for key in &completed {
-                    match member.check(key) {
-                        Verdict::Absent => report.absent.push(format!("{}: {key}", member.name())),
-                        Verdict::MaybePresent if fenced => report.answered_fenced[i] = true,
-                        _ => {}
-                    }
-                }
-            }
-            report.rounds += 1;
-            if last_round {
-                return report;
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    });
-    Audit { stop, task }
-}
-
-impl Audit {
-    async fn finish(self) -> AuditReport {
-        self.stop.cancel();
-        let report = self.task.await.unwrap();
-        assert!(
-            report.absent.is_empty(),
-            "completed writes answered Absent ({} times), first: {:?}",
-            report.absent.len(),
-            &report.absent[..report.absent.len().min(5)]
-        );
-        assert!(report.rounds >= 1);
-        report
-    }
-}
-
-/// Writes `keys` through `via`, one after another, until done or stopped.
-fn keep_writing(
-    ledger: &Ledger,
-    via: &FleetSync,
-    keys: Vec<String>,
-) -> tokio::task::JoinHandle<u64> {
-    let (ledger, via) = (ledger.clone(), via.clone());
-    tokio::spawn(async move {
-        let mut completed = 0;
-        for key in keys {
-            completed += u64::from(ledger.write(&via, key).await);
-        }
-        completed
-    })
-}
-
-fn keys(prefix: &str, count: usize) -> Vec<String> {
-    (0..count).map(|i| format!("{prefix}:{i}")).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2395,57 +2239,6 @@ async fn on_a_cluster_the_fleet_keeps_its_contract_across_a_failover() {
         }
     }
     drop(cluster);
-}
-
-/// A member's own heavy work ran on the task that fences it when its lease
-/// runs out: encoding a set for a snapshot that takes longer than the lease
-/// let the lease lapse in Redis with the member unfenced; writers stopped
-/// waiting for it, and it answered `Absent` for their keys until the
-/// encoding ended.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_encoding_a_large_snapshot_still_fences_when_its_lease_lapses() {
-    let server = RedisServer::start();
-    // About 240 MB a filter: 0.6-0.8 s to encode here, longer than the
-    // lease (whose last eighth, 50 ms, is the margin a member fences in).
-    let large = |name: &str| {
-        Guard::builder()
-            .name(name)
-            .expected_items(200_000_000)
-            .seed(0xf1ee7)
-            .build()
-            .unwrap()
-    };
-    let lease = Duration::from_millis(400);
-    let a = join_with(large("a"), server.client(), "encoding", |builder| {
-        builder.lease(lease).snapshot_every(lease)
-    })
-    .await;
-    let b = join_with(large("b"), server.client(), "encoding", |builder| {
-        builder.lease(lease)
-    })
-    .await;
-    caught_up(&a).await;
-    caught_up(&b).await;
-    let ledger = Ledger::default();
-    let audit = audit(&ledger, vec![a.guard().clone()]);
-    let writes = keep_writing(&ledger, &b.fleet, keys("encoding", 20_000));
-    // Under load a publish may find `a` fenced (a renewal late), and tries
-    // again a period later: wait for one, then for the encodings after it.
-    let mut connection = server.client().get_connection().unwrap();
-    wait_until("a snapshot of the large set", || {
-        exists(&mut connection, "{encoding}:snapshot")
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    writes.abort();
-    let report = audit.finish().await;
-    assert!(
-        report.rounds > 10 && !ledger.completed().is_empty(),
-        "{report:?}"
-    );
-    for member in [a, b] {
-        member.handle.shutdown().await;
-    }
 }
 
 /// A join waits out a young record's lease, and retries Redis for as long:

@@ -129,30 +129,37 @@ impl<F> fmt::Debug for KeyFn<F> {
 /// template's shape out from under it: the guard would answer 404 for them.
 ///
 /// **Nests, rewrites, and the two sides.** A [`GuardLayer`] keys a request
-/// only where it is sure of the item: with the `axum` feature, where the
-/// route axum matched ends with the template, has no capture but the
-/// template's, and the route of the layer's own router is no longer than
-/// the template (a `nest`'s literal prefix is not the layer's router's: a
-/// layer inside `nest("/api", …)` keyed `/items/{id}` guards
-/// `/api/items/{id}`; a longer route of its own, `/users/{u}/items/{id}`,
-/// is another route, whose handler may read another key, and so is
-/// `/items/{id}` inside `nest("/users/{u}", …)`, whose handler gets both
-/// captures; a layer outside the nest needs the whole template,
-/// `/api/items/{id}`), where the path the layer sees still holds the id (a layer below a nest that stripped it,
-/// `nest("/users/{user}", …)`, keys nothing), and not where a middleware
-/// rewrote the end of the path since it came (it may name another item
-/// then), the id taken from the path the request came with (axum's
-/// `OriginalUri`); without the feature, where the whole path the layer
-/// sees is the template (a layer outside a `nest` then lets the nest's
-/// requests through unguarded: give it the whole template,
-/// `/api/items/{id}`). An [`InsertLayer`](crate::InsertLayer) keys a write
-/// wherever the path ends with the template from its parameter on (the
-/// literals before it need only agree where the path still has them;
-/// trailing slashes are tried off, so a `/items/{id}/` alias is written
-/// under `/items/{id}`), in the path it sees and, where that differs, in
-/// the one the request came with ([`HttpKey::write_keys`]): every id a
-/// read of the item can be keyed with. A needless insert costs only a
-/// false positive.
+/// only where it is sure of the item.
+/// - With the `axum` feature, all of these must hold, and the id is then
+///   taken from the path the request came with (axum's `OriginalUri`):
+///   - the route axum matched ends with the template;
+///   - that route has no capture but the template's;
+///   - the route of the layer's own router is no longer than the template
+///     (a `nest`'s literal prefix is stripped before the layer, so a layer
+///     inside `nest("/api", …)` keyed `/items/{id}` guards
+///     `/api/items/{id}`);
+///   - the path the layer sees still holds the id (a layer below a nest
+///     that stripped it, `nest("/users/{user}", …)`, keys nothing);
+///   - no middleware rewrote the end of the path since it came (it may name
+///     another item then).
+///
+///   Not keyed, then: a longer route of the layer's own router,
+///   `/users/{u}/items/{id}`, and `/items/{id}` inside
+///   `nest("/users/{u}", …)`, whose handlers may read another key (they get
+///   both captures); and a layer outside a nest, unless keyed with the
+///   whole template, `/api/items/{id}`.
+/// - Without the feature, only a path the layer sees that is the whole
+///   template is keyed (a layer outside a `nest` then lets the nest's
+///   requests through unguarded: give it the whole template,
+///   `/api/items/{id}`).
+///
+/// An [`InsertLayer`](crate::InsertLayer) keys a write wherever the path
+/// ends with the template from its parameter on (the literals before it
+/// need only agree where the path still has them; trailing slashes are
+/// tried off, so a `/items/{id}/` alias is written under `/items/{id}`),
+/// in the path it sees and, where that differs, in the one the request
+/// came with ([`HttpKey::write_keys`]): every id a read of the item can be
+/// keyed with. A needless insert costs only a false positive.
 ///
 /// So put both layers inside any middleware that rewrites the path before
 /// routing (a normalizer, a case-folder): a rewrite the insert layer never

@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 pub(crate) mod alloc_meter;
+#[cfg(feature = "redis")]
+pub(crate) mod fleet;
 pub(crate) mod http_client;
 pub(crate) mod items_service;
 #[cfg(all(

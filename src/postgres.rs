@@ -345,11 +345,9 @@ where
     /// The database's error (a missing table, a bad column type…) or
     /// [`PgLoadError::TimedOut`].
     pub async fn get(&self, key: &str) -> Result<Option<V>, PgLoadError> {
-        // No text value holds a NUL, and PostgreSQL refuses one as a
-        // parameter: such a key is not found, rather than an error.
-        if key.contains('\0') {
+        let Some(key) = askable(key) else {
             return Ok(None);
-        }
+        };
         let query = sqlx::query_scalar(&self.one)
             .bind(key)
             .fetch_optional(&self.pool);
@@ -364,12 +362,9 @@ where
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        // A key holding a NUL (see `get`) asked as NULL, which matches no
-        // row: not found, and the other keys answered.
-        let asked: Vec<Option<&str>> = keys
-            .iter()
-            .map(|key| Some(key.as_ref()).filter(|key| !key.contains('\0')))
-            .collect();
+        // A key no row can hold asked as NULL, which matches none: not
+        // found, and the other keys answered.
+        let asked: Vec<Option<&str>> = keys.iter().map(|key| askable(key.as_ref())).collect();
         let query = sqlx::query_as::<_, (i64, V)>(&self.many)
             .bind(&asked)
             .fetch_all(&self.pool);
@@ -395,6 +390,13 @@ where
             .map_err(|_| PgLoadError::TimedOut(self.timeout))?
             .map_err(PgLoadError::Database)
     }
+}
+
+/// `key` where a row can hold it: no text value holds a NUL, and PostgreSQL
+/// refuses one as a parameter, so such a key is not found rather than an
+/// error.
+fn askable(key: &str) -> Option<&str> {
+    (!key.contains('\0')).then_some(key)
 }
 
 impl<K, V> Loader<K> for PgLoader<V>

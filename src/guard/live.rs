@@ -658,8 +658,9 @@ mod tests {
         assert!(state.commit_shadow(&first));
         state.install_shadow(new_shadow());
         assert!(!state.writes_quiet(), "the write is counted in the guard");
-        let shadow_stripe = seen.shadow.as_ref().unwrap().writes.enter();
-        state.writes().exit(stripe);
+        let shadow_stripe = state
+            .writes()
+            .move_to(stripe, &seen.shadow.as_ref().unwrap().writes);
         assert!(
             !state.writes_quiet(),
             "the write is counted in the first shadow's tracker now"

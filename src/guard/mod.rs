@@ -523,8 +523,7 @@ impl Guard {
             // wait for this insert, so the count moves to that filter's own
             // tracker before the insert runs (see `writes`).
             Some(shadow) => {
-                let shadow_stripe = shadow.writes.enter();
-                writes.exit(stripe);
+                let shadow_stripe = writes.move_to(stripe, &shadow.writes);
                 self.insert_into(&live, hash);
                 shadow.writes.exit(shadow_stripe);
             }
@@ -548,8 +547,7 @@ impl Guard {
             Some(shadow) => {
                 // The key is in the filter being built: that build does not
                 // need to wait, but the next one must.
-                let shadow_stripe = shadow.writes.enter();
-                writes.exit(stripe);
+                let shadow_stripe = writes.move_to(stripe, &shadow.writes);
                 HeldIn::Shadow(Arc::clone(&shadow.writes), shadow_stripe)
             }
             None => HeldIn::Guard(stripe),

@@ -61,6 +61,16 @@ impl WriteTracker {
             .add_in_stripe(stripe, 0, u64::MAX, Ordering::Release);
     }
 
+    /// Moves a write counted in at `stripe` to the tracker of the filter
+    /// being built, `to`; returns the stripe to count it out of there. In
+    /// before out, so that no moment finds it counted nowhere.
+    #[inline]
+    pub(crate) fn move_to(&self, stripe: usize, to: &WriteTracker) -> usize {
+        let moved = to.enter();
+        self.exit(stripe);
+        moved
+    }
+
     /// Whether no insert counted in before the caller's last store of the live
     /// filters is still in progress.
     pub(crate) fn is_quiet(&self) -> bool {
@@ -194,8 +204,7 @@ mod loom_tests {
                     let saw = installed.load(Ordering::Relaxed);
                     match saw {
                         1 => {
-                            first_filter_writes.enter();
-                            guard_writes.exit(stripe);
+                            guard_writes.move_to(stripe, &first_filter_writes);
                         }
                         2 => guard_writes.exit(stripe),
                         _ => {}

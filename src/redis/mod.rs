@@ -272,14 +272,14 @@ impl RedisSource {
     pub fn new(client: Client, pattern: impl Into<String>) -> Self {
         Self::over(
             Connection::new(client, Self::DEFAULT_TIMEOUT),
-            pattern.into(),
+            pattern.into().into_bytes(),
         )
     }
 
-    fn over(connection: Connection, pattern: impl Into<Vec<u8>>) -> Self {
+    fn over(connection: Connection, pattern: Vec<u8>) -> Self {
         Self {
             connection,
-            pattern: pattern.into(),
+            pattern,
             count: Self::DEFAULT_COUNT,
             key_type: None,
             strip_prefix: None,
@@ -334,7 +334,7 @@ impl RedisSource {
     pub fn cluster(client: ClusterClient, pattern: impl Into<String>) -> Self {
         Self::over(
             Connection::cluster(client, Self::DEFAULT_TIMEOUT),
-            pattern.into(),
+            pattern.into().into_bytes(),
         )
     }
 

@@ -378,6 +378,9 @@ pub enum FleetError {
     /// or the runtime shut down before a snapshot's encoding or decoding
     /// could start.
     ShuttingDown,
+    /// The thread that fences the member when its lease runs out could not
+    /// be started (the operating system refused a thread): not joined.
+    LeaseWatchNotStarted(std::io::Error),
     /// Redis answered in a shape the fleet does not write.
     UnexpectedReply(&'static str),
     /// Fewer replicas than asked for acknowledged an append or a renewal
@@ -435,6 +438,10 @@ impl fmt::Display for FleetError {
                 f.write_str("the guard follows a fleet already: one member per guard at a time")
             }
             Self::ShuttingDown => f.write_str("shutting down: the fleet join or snapshot did not finish"),
+            Self::LeaseWatchNotStarted(error) => write!(
+                f,
+                "the thread that fences this member when its lease runs out did not start: {error}"
+            ),
             Self::UnexpectedReply(what) => write!(f, "unexpected reply from Redis: {what}"),
             Self::NotReplicated {
                 wanted,
@@ -454,6 +461,7 @@ impl std::error::Error for FleetError {
             Self::Redis(error) => Some(error),
             Self::Decode(error) => Some(error),
             Self::Incompatible(error) => Some(error),
+            Self::LeaseWatchNotStarted(error) => Some(error),
             _ => None,
         }
     }

@@ -309,6 +309,79 @@ async fn a_stalled_member_fences_itself_and_catches_up_after() {
     }
 }
 
+/// A member's lease watch ran among its tasks on its runtime: a runtime
+/// whose workers were all blocked (a blocking call in a handler, CPU-bound
+/// work on a worker) held the fence back past the lease, while writers,
+/// counting the member out once its lease lapsed in Redis, completed writes
+/// it had not applied: it answered `Absent` for them until its runtime ran
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_runtime_is_blocked_fences_itself_when_its_lease_lapses() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let server = RedisServer::start();
+    let a = join(guard("a"), server.client(), "blocked").await;
+    caught_up(&a).await;
+    // `b` runs on a runtime of its own: one thread, which the test blocks
+    // for longer than a lease.
+    let (joined, b_joined) = tokio::sync::oneshot::channel::<Guard>();
+    let (block, blocked) = tokio::sync::oneshot::channel::<()>();
+    let (blocking, unblocked) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let b_thread = {
+        let (client, blocking, unblocked) = (server.client(), blocking.clone(), unblocked.clone());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let b = join(guard("b"), client, "blocked").await;
+                caught_up(&b).await;
+                joined.send(b.guard().clone()).unwrap();
+                blocked.await.unwrap();
+                blocking.store(true, Ordering::SeqCst);
+                std::thread::sleep(LEASE * 4);
+                unblocked.store(true, Ordering::SeqCst);
+                caught_up(&b).await;
+                b.handle.shutdown().await;
+            });
+        })
+    };
+    let b = b_joined.await.unwrap();
+    block.send(()).unwrap();
+    wait_until("b's runtime to block", || blocking.load(Ordering::SeqCst)).await;
+
+    // The first write waits for `b` until its lease lapses; the others
+    // count it out at once.
+    let ledger = Ledger::default();
+    let written = keep_writing(&ledger, &a.fleet, keys("blocked", 50))
+        .await
+        .unwrap();
+    assert_eq!(written, 50, "writes go on without the blocked member");
+    let answers: Vec<Verdict> = ledger.completed().iter().map(|key| b.check(key)).collect();
+    assert!(
+        !unblocked.load(Ordering::SeqCst),
+        "the writes outlasted the block: the test shows nothing"
+    );
+    let absent = answers.iter().filter(|&&v| v == Verdict::Absent).count();
+    assert_eq!(
+        absent, 0,
+        "completed writes answered Absent by the blocked member"
+    );
+    assert!(b.is_fenced());
+
+    tokio::task::spawn_blocking(move || b_thread.join().unwrap())
+        .await
+        .unwrap();
+    for key in ledger.completed() {
+        assert_eq!(b.check(&key), Verdict::MaybePresent, "{key}");
+    }
+    a.handle.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_costs_no_completed_write() {
     let mut server = RedisServer::start();

@@ -1,9 +1,8 @@
 //! One fleet scenario in a binary of its own: a member whose set takes
-//! longer to encode than its lease. It loads both cores (an encoding thread,
-//! and Redis taking in each snapshot), and beside the other fleet tests, a
-//! runtime starved past the lease's last eighth is the documented limit it
-//! would hit, not the break it shows: so it runs alone, as the read
-//! sections' binaries do.
+//! longer to encode than its lease. It takes about 1 GB and loads both
+//! cores (an encoding thread, and Redis taking in each snapshot): beside
+//! the other fleet tests, their short leases would lapse for want of a
+//! core, so it runs alone, as the read sections' binaries do.
 
 mod common;
 
@@ -14,11 +13,13 @@ use common::fleet::{Ledger, audit, caught_up, exists, join_with, keep_writing, k
 use common::redis_server::RedisServer;
 use common::wait_until;
 
-/// A member's own heavy work ran on the task that fences it when its lease
-/// runs out: encoding a set for a snapshot that takes longer than the lease
-/// let the lease lapse in Redis with the member unfenced; writers stopped
-/// waiting for it, and it answered `Absent` for their keys until the
-/// encoding ended.
+/// A member's own heavy work ran among its tasks, beside the one that
+/// fenced it when its lease ran out: encoding a set for a snapshot that
+/// takes longer than the lease let the lease lapse in Redis with the member
+/// unfenced; writers stopped waiting for it, and it answered `Absent` for
+/// their keys until the encoding ended. (The fence has a thread of its own
+/// now, and the work runs on tokio's blocking pool, off the tasks that
+/// renew the lease and apply the stream.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_encoding_a_large_snapshot_still_fences_when_its_lease_lapses() {
     let server = RedisServer::start();

@@ -15,7 +15,8 @@
 //! is later. So a member believes its lease over no later than Redis does,
 //! provided its clock and Redis's run at the same rate within an eighth of a
 //! lease per lease (NTP-disciplined clocks drift by parts per million) and
-//! its runtime wakes the fencing timer within that eighth. Wall clocks are
+//! its lease watch wakes within that eighth: a thread of its own, so that a
+//! runtime whose workers are busy does not hold the fence back. Wall clocks are
 //! never compared, only durations.
 //!
 //! **Redis losing its data** (a restart without persistence) loses the
@@ -46,6 +47,7 @@ use super::position::POSITION_BEFORE;
 use super::stream::Appended;
 use super::{FleetSync, StreamPosition};
 use crate::error::FleetError;
+use crate::sync::unpoisoned;
 
 /// The Lua functions every script that reads the fleet's record begins
 /// with (`now_ms()` is Redis's clock in milliseconds).
@@ -534,21 +536,63 @@ impl FleetSync {
         }
     }
 
-    /// Fences the guard when its lease runs out, whatever else is stuck.
-    pub(super) async fn watch_lease(&self) {
-        loop {
-            let changed = self.inner.lease_changed.notified();
-            let fence_at = self.state().fence_at;
-            match fence_at {
-                Some(at) if at > Instant::now() => {
-                    tokio::select! {
-                        () = tokio::time::sleep_until(at) => {}
-                        () = changed => {}
-                    }
-                }
-                _ => changed.await,
+    /// Starts the thread that fences the guard when its lease runs out. A
+    /// thread of its own, not one of the member's tasks: a runtime whose
+    /// workers are all busy (a blocking call in a handler, CPU-bound work)
+    /// runs a timer late, past the lease, while writers that counted this
+    /// member out once its lease lapsed in Redis complete writes it has not
+    /// applied. It sleeps on the member's state until the lease changes or
+    /// runs out, and ends with the [`LeaseWatch`].
+    pub(super) fn watch_lease(&self) -> std::io::Result<LeaseWatch> {
+        self.state().lease_watched = true;
+        let member = self.clone();
+        let thread = std::thread::Builder::new()
+            .name("bloomguard-lease".to_owned())
+            .spawn(move || member.fence_when_the_lease_runs_out());
+        match thread {
+            Ok(thread) => Ok(LeaseWatch {
+                member: self.clone(),
+                thread: Some(thread),
+            }),
+            Err(error) => {
+                self.state().lease_watched = false;
+                Err(error)
             }
-            self.refresh_fence();
+        }
+    }
+
+    fn fence_when_the_lease_runs_out(&self) {
+        let mut state = self.state();
+        while state.lease_watched {
+            let now = Instant::now();
+            self.refresh_fence_holding(&mut state, now);
+            state = match state.fence_at {
+                Some(at) if at > now => {
+                    unpoisoned(self.inner.lease_changed.wait_timeout(state, at - now)).0
+                }
+                _ => unpoisoned(self.inner.lease_changed.wait(state)),
+            };
+        }
+    }
+}
+
+/// The running lease watch of [`FleetSync::watch_lease`]: dropped, it stops
+/// the thread and waits for it (at once: the thread only sleeps on the
+/// member's state, which no one holds for long).
+pub(super) struct LeaseWatch {
+    member: FleetSync,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for LeaseWatch {
+    fn drop(&mut self) {
+        // Under the state lock, which the thread holds from checking the
+        // flag until it sleeps: the wake-up cannot fall between the two.
+        self.member.state().lease_watched = false;
+        self.member.inner.lease_changed.notify_all();
+        if let Some(thread) = self.thread.take() {
+            // Its panic, if any, was reported by the panic hook already.
+            let _ = thread.join();
         }
     }
 }

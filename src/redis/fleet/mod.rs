@@ -115,14 +115,13 @@
 //!
 //! **Clocks.** Durations are measured on each machine's monotonic clock and on
 //! Redis's; no wall clock is compared. The leases assume that these clocks
-//! run at the same rate within an eighth of a lease over a lease, and that a
-//! member's runtime is not stalled for that long (a process paused past its
-//! lease — a debugger, a frozen VM — may answer from a stale set until it
-//! runs again and notices). The fence is set by the member's own task, so
-//! the same holds for a runtime whose threads are all blocked (a
-//! synchronous call in a handler, on a `current_thread` runtime): a check
-//! made as it resumes, before the task runs, answers from the set whose
-//! lease lapsed. Keep blocking work off the runtime (`spawn_blocking`).
+//! run at the same rate within an eighth of a lease over a lease, and that
+//! the member's lease watch, a thread of its own that sets the fence when
+//! the lease runs out, is not kept off a core for that long. A runtime
+//! whose workers are all blocked (a synchronous call in a handler, on a
+//! `current_thread` runtime) does not hold the fence back; a process paused
+//! as a whole past its lease (a debugger, `SIGSTOP`, a frozen VM) may answer
+//! from a stale set as it resumes, until that thread has run.
 //! Redis times leases on its wall clock: a step back begins the record
 //! anew (above), but a step forward by more than an eighth of a lease can
 //! lapse live leases in Redis's eyes, and writers then count out members
@@ -154,7 +153,7 @@ pub use stats::FleetStats;
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use redis::Client;
@@ -211,8 +210,8 @@ struct Inner {
     /// Bumped whenever a member announces what it applied; writers waiting
     /// for acknowledgements watch it.
     applied_notices: watch::Sender<u64>,
-    /// Wakes the lease watchdog when the lease changed.
-    lease_changed: Notify,
+    /// Wakes the lease watch thread when the lease changed (with `state`).
+    lease_changed: Condvar,
     /// A snapshot was published (a recovering member waits for one).
     snapshot_published: Notify,
     /// A member asked for a snapshot.
@@ -375,6 +374,8 @@ struct MemberState {
     last_read_at: Option<Instant>,
     /// Whether the guard is fenced now.
     fenced: bool,
+    /// Whether the lease watch thread should go on (`FleetSync::watch_lease`).
+    lease_watched: bool,
     /// Redis lost its data, the fleet's settings with it: record ours again
     /// (or find another member's), as the join did.
     settings_unchecked: bool,
@@ -526,7 +527,7 @@ impl FleetSyncBuilder {
                     ..MemberState::default()
                 }),
                 applied_notices: watch::Sender::new(0),
-                lease_changed: Notify::new(),
+                lease_changed: Condvar::new(),
                 snapshot_published: Notify::new(),
                 snapshot_requested: Notify::new(),
                 counters: FleetCounters::default(),
@@ -692,8 +693,10 @@ impl FleetSync {
     /// Joins the fleet: checks this guard's settings against the fleet's,
     /// fences the guard, loads the latest snapshot when its coverage is proven
     /// (a warming guard leaves warming this way), takes a lease, and starts
-    /// the tasks that apply the stream, keep the lease, fence on time and
-    /// publish snapshots. The guard answers `Absent` again once it has caught up.
+    /// the tasks that apply the stream, keep the lease and publish
+    /// snapshots, and a thread that fences the guard when the lease runs out
+    /// (asleep until then; a blocked runtime does not hold it back). The
+    /// guard answers `Absent` again once it has caught up.
     ///
     /// The first member of a new fleet (or of one whose Redis lost its data)
     /// returns one lease later: until then writers cannot know that no member
@@ -704,8 +707,8 @@ impl FleetSync {
     ///
     /// # Errors
     /// [`FleetError::AlreadyJoined`] while a member (this one or another)
-    /// follows a fleet for the guard; [`FleetError::SettingsDiffer`]; Redis
-    /// errors. The guard stays fenced, answering `MaybePresent`, until a
+    /// follows a fleet for the guard; [`FleetError::SettingsDiffer`];
+    /// [`FleetError::LeaseWatchNotStarted`]; Redis errors. The guard stays fenced, answering `MaybePresent`, until a
     /// join succeeds: it cannot show it holds the fleet's writes. Dropping
     /// the future before it returns (a `timeout` around it) does the same;
     /// a lease it took lapses within a lease.
@@ -757,19 +760,24 @@ impl FleetSync {
             },
             None => entered.await?,
         }
+        let lease_watch = self
+            .watch_lease()
+            .map_err(FleetError::LeaseWatchNotStarted)?;
         unfinished.finished = true;
         self.take_rebuild_turns();
         let member = self.clone();
         // However the tasks end (left, panicked, aborted, never started),
         // nothing keeps the guard up to date any more.
-        let ended = MembershipEnds(self.clone());
+        let ended = MembershipEnds {
+            member: self.clone(),
+            lease_watch: Some(lease_watch),
+        };
         let task = StoppableTask::spawn("fleet member", shutdown, |stop| async move {
             let _ended = ended;
             let run = async {
                 tokio::join!(
                     member.consume(),
                     member.keep_lease(),
-                    member.watch_lease(),
                     member.listen(),
                     member.publish_when_due(),
                 );
@@ -1033,14 +1041,17 @@ impl FleetSync {
             // (one fenced while catching up cannot yet).
             self.inner.snapshot_requested.notify_one();
         }
-        self.inner.lease_changed.notify_one();
+        self.inner.lease_changed.notify_all();
         self.refresh_fence();
     }
 
     /// Fences or unfences the guard as the member's state requires.
     fn refresh_fence(&self) {
-        let mut state = self.state();
-        let fence = state.must_fence(Instant::now());
+        self.refresh_fence_holding(&mut self.state(), Instant::now());
+    }
+
+    fn refresh_fence_holding(&self, state: &mut MemberState, now: Instant) {
+        let fence = state.must_fence(now);
         if fence != state.fenced {
             state.fenced = fence;
             if fence {
@@ -1096,15 +1107,21 @@ impl fmt::Debug for FleetSync {
 /// stats and publishes read, its lease given up, so that a member frozen
 /// at a position neither says it is unfenced nor publishes from there;
 /// the guard takes no more of the fleet's rebuild turns, and may join again.
-struct MembershipEnds(FleetSync);
+struct MembershipEnds {
+    member: FleetSync,
+    lease_watch: Option<membership::LeaseWatch>,
+}
 
 impl Drop for MembershipEnds {
     fn drop(&mut self) {
-        let member = &self.0;
+        let member = &self.member;
         member.inner.guard.set_rebuild_turns(None);
         member.inner.guard.set_fenced(true);
         member.state().give_up_lease();
         member.refresh_fence();
+        // Stopped before the guard is released: a join that follows starts
+        // a watch of its own on the same state.
+        drop(self.lease_watch.take());
         member.inner.guard.release_from_fleet();
     }
 }
@@ -1210,9 +1227,9 @@ impl Drop for UnfinishedJoin {
 }
 
 /// Runs `work` on tokio's blocking pool. A member's tasks run as one (its
-/// consumer, lease renewals, lease watch and publisher): work as long as
-/// encoding or decoding a whole set, run among them, held the lease watch
-/// up, and a lease could lapse in Redis with the guard still unfenced.
+/// consumer, lease renewals and publisher): work as long as encoding or
+/// decoding a whole set, run among them, held the renewals and the stream
+/// up for as long, and the member fenced for want of a renewal.
 ///
 /// # Errors
 /// [`FleetError::ShuttingDown`] where the runtime shut down before `work` ran.
@@ -1279,6 +1296,45 @@ mod tests {
             trimmed: StreamPosition::START,
             lacks_what_preceded: false,
         }
+    }
+
+    /// The lease watch fences the guard when the lease runs out with no
+    /// runtime running at all, a renewal meanwhile moves that moment on,
+    /// and dropping the watch ends its thread.
+    #[test]
+    fn the_lease_watch_fences_without_a_runtime_and_ends_with_its_handle() {
+        let member = member();
+        let holders = Arc::strong_count(&member.inner);
+        let watch = member.watch_lease().unwrap();
+        let lease = member.inner.settings.lease;
+        let fence_soon = |after: Duration| Renewal {
+            sent_at: Instant::now() + after - (lease - lease / 8),
+            ..renewal(&member, true, 1)
+        };
+        member.renewed(fence_soon(Duration::from_millis(200)));
+        assert!(!member.guard().is_fenced());
+        member.renewed(renewal(&member, true, 1)); // renewed in time
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(
+            !member.guard().is_fenced(),
+            "fenced at the lease renewed since"
+        );
+
+        member.renewed(fence_soon(Duration::from_millis(100)));
+        let fence_at = member.state().fence_at.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !member.guard().is_fenced() {
+            assert!(std::time::Instant::now() < deadline, "never fenced");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(Instant::now() >= fence_at);
+
+        drop(watch);
+        assert_eq!(
+            Arc::strong_count(&member.inner),
+            holders,
+            "the thread ended"
+        );
     }
 
     /// A rebuilt notice from the record before names a version the counter

@@ -334,6 +334,40 @@ async fn a_pattern_that_cannot_match_the_stripped_prefix_fails_the_pass() {
     assert_eq!(escaped.check("1"), Verdict::MaybePresent);
 }
 
+/// Redis answers `SCAN … TYPE` with a type it does not know (a misspelt
+/// `strings`) with no keys and no error: the pass listed nothing, and the
+/// guard answered `Absent` for every stored key. Such a pass fails, naming
+/// the types; a module's type, which Redis cannot be asked about, is taken
+/// as told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_type_redis_does_not_know_fails_the_pass() {
+    let server = RedisServer::start();
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("SET")
+        .arg("item:1")
+        .arg("x")
+        .query(&mut connection)
+        .unwrap();
+    let source = || RedisSource::new(server.client(), "item:*").strip_prefix("item:");
+    let misspelt = common::guard_from(source().key_type("strings"));
+    let error = misspelt
+        .rebuild()
+        .await
+        .expect_err("a type Redis does not know fails the pass");
+    assert!(error.to_string().contains("`strings`"), "{error}");
+    assert_eq!(misspelt.check("1"), Verdict::Warming);
+
+    let known = common::guard_from(source().key_type("STRING"));
+    assert_eq!(known.rebuild().await.unwrap().keys, 1);
+    assert_eq!(known.check("1"), Verdict::MaybePresent);
+    let module = common::guard_from(source().module_key_type("ReJSON-RL"));
+    assert_eq!(
+        module.rebuild().await.unwrap().keys,
+        0,
+        "no key of that type"
+    );
+}
+
 /// A loader's own source lists the keys the loader reads, from its one
 /// prefix: glob characters in it are escaped in the pattern, and a key the
 /// unescaped glob would match (`shope:3`) is not listed.

@@ -76,8 +76,9 @@ impl GuardBuilder {
     pub const DEFAULT_MAINTENANCE_INTERVAL: Duration = Duration::from_secs(1);
 
     /// How often the maintenance task evaluates the rebuild triggers and
-    /// (with the `metrics` feature) publishes metrics. Rotations happen on
-    /// time whatever this is.
+    /// (with the `metrics` feature) publishes metrics. Rotations do not
+    /// wait for this tick, but do wait for a rebuild or a staleness check
+    /// the task is running (see [`Lifecycle::Rotate`](crate::Lifecycle::Rotate)).
     pub fn maintenance_interval(mut self, interval: Duration) -> Self {
         self.maintenance_interval = interval;
         self

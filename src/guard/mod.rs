@@ -452,7 +452,7 @@ impl Guard {
     ///
     /// # Errors
     /// [`IncompatibleFilters`] unless the filter has the newest filter's bits,
-    /// k and seed (while warming: the guard's seed).
+    /// k and seed (with no filter yet: the guard's seed).
     pub fn merge_filter(&self, filter: AtomicBloom) -> Result<(), IncompatibleFilters> {
         self.stamp_every_key();
         self.inner.live.merge(filter, self.inner.seed, |filter| {

@@ -19,7 +19,10 @@ pub enum Lifecycle {
     /// [`PendingWrite`](crate::PendingWrite), when the write landed; on the
     /// other members of a fleet, from the write's first append, or from its
     /// second where the write took over half the write settle):
-    /// "seen in the last 30 days" without deletion, in bounded memory. The
+    /// "seen in the last 30 days" without deletion, in bounded memory.
+    /// The maintenance task rotates between its other work: a rotation
+    /// that falls due during a rebuild (or a staleness check) waits for it
+    /// to end, and the oldest keys stay present for as much longer. The
     /// write settle must be shorter than the window: a key could otherwise
     /// leave before its write lands.
     ///

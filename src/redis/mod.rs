@@ -257,9 +257,21 @@ pub struct RedisSource {
     connection: Connection,
     pattern: Vec<u8>,
     count: usize,
-    key_type: Option<String>,
+    key_type: Option<KeyType>,
     strip_prefix: Option<Vec<u8>>,
 }
+
+/// The type a pass lists (`SCAN … TYPE`).
+#[derive(Clone, Debug)]
+struct KeyType {
+    name: String,
+    /// A module's type, which the pass cannot check: Redis lists no key,
+    /// and says nothing, for a name it does not know.
+    of_a_module: bool,
+}
+
+/// The types `SCAN … TYPE` knows without a module.
+const REDIS_TYPES: [&str; 6] = ["string", "list", "set", "zset", "hash", "stream"];
 
 impl RedisSource {
     /// Keys asked for per `SCAN` call unless told: Redis's default is 10,
@@ -293,12 +305,31 @@ impl RedisSource {
         self
     }
 
-    /// Only keys of this Redis type (`SCAN … TYPE`: `string`, `hash`, …).
+    /// Only keys of this Redis type (`SCAN … TYPE`): `string`, `list`,
+    /// `set`, `zset`, `hash` or `stream`, in any case. Any other name fails
+    /// every pass, saying so: Redis answers a type it does not know with no
+    /// keys, and the guard would answer `Absent` for every one. A module's
+    /// type goes through [`module_key_type`](Self::module_key_type).
     /// [`RedisLoader`] reads strings only: load keys of another type with a
     /// [`Loader`] of your own.
     #[must_use]
     pub fn key_type(mut self, key_type: impl Into<String>) -> Self {
-        self.key_type = Some(key_type.into());
+        self.key_type = Some(KeyType {
+            name: key_type.into(),
+            of_a_module: false,
+        });
+        self
+    }
+
+    /// Only keys of a module's type (`ReJSON-RL`, …), as Redis names it in
+    /// `TYPE`'s reply. Not checked: a name Redis does not know lists no
+    /// key, and the guard answers `Absent` for every one.
+    #[must_use]
+    pub fn module_key_type(mut self, key_type: impl Into<String>) -> Self {
+        self.key_type = Some(KeyType {
+            name: key_type.into(),
+            of_a_module: true,
+        });
         self
     }
 
@@ -352,7 +383,7 @@ impl RedisSource {
             .arg("COUNT")
             .arg(self.count);
         if let Some(key_type) = &self.key_type {
-            command.arg("TYPE").arg(key_type);
+            command.arg("TYPE").arg(&key_type.name);
         }
         self.query_on(live, node, &command).await
     }
@@ -395,7 +426,7 @@ impl RedisSource {
         &self,
         live: &Live,
         node: Option<&MasterNode>,
-    ) -> Result<String, RedisError> {
+    ) -> Result<(String, Option<String>), RedisError> {
         // The default sections: `server` and `replication` among them (one
         // `INFO` may name only one section before Redis 7).
         let info = redis::cmd("INFO");
@@ -481,9 +512,10 @@ impl RedisSource {
                 let fields: Vec<&str> = myself.split(' ').collect();
                 process.push(' ');
                 process.push_str(&epoch_and_slots(&fields));
+                return Ok((process, Some(myself.to_owned())));
             }
         }
-        Ok(process)
+        Ok((process, None))
     }
 
     /// The node's role by `ROLE` (`master`, `slave`), if it may be asked.
@@ -500,14 +532,29 @@ impl RedisSource {
     }
 
     /// [`serving_process`](Self::serving_process) of every node of a pass.
+    /// On a cluster, the masters planned must serve every slot once by
+    /// their own account: the node asked for the topology may not have
+    /// heard yet that a slot moved to a master it lists without slots
+    /// (gossip takes up to half the node timeout), and the pass would
+    /// never scan that master.
     async fn serving_processes(
         &self,
         live: &Live,
         nodes: &[Option<MasterNode>],
     ) -> Result<Vec<String>, RedisError> {
         let mut processes = Vec::with_capacity(nodes.len());
+        let mut own_lines = Vec::with_capacity(nodes.len());
         for node in nodes {
-            processes.push(self.serving_process(live, node.as_ref()).await?);
+            let (process, own_line) = self.serving_process(live, node.as_ref()).await?;
+            processes.push(process);
+            own_lines.extend(own_line);
+        }
+        if nodes.iter().any(Option::is_some) && !serve_every_slot_once(&own_lines) {
+            return Err(not_trusted(
+                "the masters the pass planned do not serve every slot once by their own \
+                 account (the node asked for the topology had not heard of a slot's move \
+                 yet?); the rebuild is retried",
+            ));
         }
         Ok(processes)
     }
@@ -572,6 +619,27 @@ impl RedisSource {
             masters.into_iter().map(|(node, _)| node).collect(),
             fingerprint,
         ))
+    }
+
+    /// A pass of a type Redis does not know would list no key, and the
+    /// guard would answer `Absent` for each: refused.
+    fn key_type_is_known(&self) -> Result<(), RedisError> {
+        match &self.key_type {
+            Some(KeyType {
+                name,
+                of_a_module: false,
+            }) if !REDIS_TYPES
+                .iter()
+                .any(|known| known.eq_ignore_ascii_case(name)) =>
+            {
+                Err(not_trusted(format!(
+                    "`{name}` is not one of Redis's types ({}): SCAN would list no key of it; \
+                     a module's type goes through RedisSource::module_key_type",
+                    REDIS_TYPES.join(", ")
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// A pass of a pattern that cannot match the keys whose prefix it
@@ -721,31 +789,45 @@ fn is_serving_master(flags: &str) -> bool {
 /// Hash slots in a Redis Cluster.
 const CLUSTER_SLOTS: u32 = 16_384;
 
-/// The slots a `CLUSTER NODES` line serves: none unless it is a master
-/// that has not failed and has an address.
-fn slots_served(line: &str) -> u32 {
-    if !is_serving_master(line.split(' ').nth(2).unwrap_or("")) {
-        return 0;
-    }
+/// The slot ranges a `CLUSTER NODES` line serves: none unless it is a
+/// master that has not failed and has an address.
+fn slot_ranges(line: &str) -> impl Iterator<Item = std::ops::RangeInclusive<u32>> + '_ {
+    let serving = is_serving_master(line.split(' ').nth(2).unwrap_or(""));
     line.split(' ')
         .skip(8)
-        .filter(|range| !range.starts_with('['))
-        .map(|range| {
+        .filter(move |range| serving && !range.starts_with('['))
+        .filter_map(|range| {
             // Slots are 0..16384: anything else (a broken reply) counts for none.
             let slot = |text: &str| {
                 text.parse::<u32>()
                     .ok()
                     .filter(|&slot| slot < CLUSTER_SLOTS)
             };
-            match range.split_once('-') {
-                Some((first, last)) => match (slot(first), slot(last)) {
-                    (Some(first), Some(last)) if last >= first => last - first + 1,
-                    _ => 0,
-                },
-                None => u32::from(slot(range).is_some()),
+            let (first, last) = range.split_once('-').unwrap_or((range, range));
+            match (slot(first), slot(last)) {
+                (Some(first), Some(last)) if last >= first => Some(first..=last),
+                _ => None,
             }
         })
+}
+
+/// How many slots a `CLUSTER NODES` line serves.
+fn slots_served(line: &str) -> u32 {
+    slot_ranges(line)
+        .map(|range| range.end() - range.start() + 1)
         .fold(0u32, u32::saturating_add)
+}
+
+/// Whether the `CLUSTER NODES` lines, each a master's own, serve every
+/// slot, and none twice.
+fn serve_every_slot_once(own_lines: &[String]) -> bool {
+    let mut claims = vec![0u8; CLUSTER_SLOTS as usize];
+    for range in own_lines.iter().flat_map(|line| slot_ranges(line)) {
+        for slot in range {
+            claims[slot as usize] = claims[slot as usize].saturating_add(1);
+        }
+    }
+    claims.iter().all(|&claims| claims == 1)
 }
 
 /// A master of a cluster: its node id, and its address as the cluster
@@ -817,6 +899,7 @@ impl KeySource for RedisSource {
             let mut pass = match pass {
                 Some(pass) => pass,
                 None => {
+                    self.key_type_is_known()?;
                     self.pattern_admits_strip_prefix()?;
                     let live = self.connection.for_pass().await?;
                     let (nodes, topology) = match &self.connection.target {
@@ -1135,7 +1218,44 @@ impl fmt::Debug for RedisLoader {
 
 #[cfg(test)]
 mod tests {
-    use super::glob_admits_prefix;
+    use super::{glob_admits_prefix, serve_every_slot_once};
+
+    /// The planned masters' own `CLUSTER NODES` lines decide whether a
+    /// pass can cover the cluster: a node asked for the topology that had
+    /// not heard of slot 100's move to `d` yet planned `a` and `b` only,
+    /// and `a` no longer serves slot 100 by its own account.
+    #[test]
+    fn the_planned_masters_must_serve_every_slot_once_by_their_own_account() {
+        let own = |id: &str, slots: &str| {
+            format!("{id} 127.0.0.1:7000@17000 myself,master - 0 0 1 connected {slots}")
+        };
+        let covered = |lines: &[String]| serve_every_slot_once(lines);
+        assert!(covered(&[own("a", "0-8191"), own("b", "8192-16383")]));
+        assert!(!covered(&[
+            own("a", "0-99 101-8191"),
+            own("b", "8192-16383")
+        ]));
+        assert!(covered(&[
+            own("a", "0-99 101-8191"),
+            own("b", "8192-16383"),
+            own("d", "100"),
+        ]));
+        // Claimed twice (one master heard of the move, the other not yet).
+        assert!(!covered(&[
+            own("a", "0-8191"),
+            own("b", "8192-16383"),
+            own("d", "100"),
+        ]));
+        // A slot being moved is not served whole by either side.
+        assert!(!covered(&[
+            own("a", "0-99 101-8191 [100->-d]"),
+            own("b", "8192-16383"),
+        ]));
+        // A failed master serves nothing; a broken range counts for none.
+        let failed = "a 127.0.0.1:7000@17000 myself,master,fail - 0 0 1 connected 0-8191";
+        assert!(!covered(&[failed.to_owned(), own("b", "8192-16383")]));
+        assert!(!covered(&[own("a", "0-8191 x-y"), own("b", "8192-16384")]));
+    }
 
     #[test]
     fn a_glob_admits_a_prefix_only_where_its_keys_can_match() {

@@ -191,6 +191,12 @@ return {since, needed, aged, lacks}
 /// `KEYS[8]` holds what preceded the record, and whether the member lacks
 /// the keys an earlier marked record needed. Drops lapsed members on the
 /// way.
+///
+/// The lease counts as continuous only where the member's last renewal
+/// taken in (`ARGV[10]`, its token) is the one that took it, by `KEYS[9]`,
+/// where each run leaves its own token (`ARGV[9]`): a cluster client
+/// resends a command whose reply it lost, and that resend finds the lease
+/// its first run took, which may have found it lapsed.
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
@@ -200,9 +206,12 @@ local since = record_since(KEYS[3], KEYS[6])
 local now = now_ms()
 local previous = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local continuous = 0
-if previous and tonumber(previous) > now then continuous = 1 end
+if previous and tonumber(previous) > now and redis.call('HGET', KEYS[9], ARGV[1]) == ARGV[10] then
+  continuous = 1
+end
 for _, lapsed in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
   redis.call('HDEL', KEYS[2], lapsed)
+  redis.call('HDEL', KEYS[9], lapsed)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 -- Leases further ahead than one (Redis's clock stepped back) end within one.
@@ -211,6 +220,7 @@ for _, ahead in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. lease_end, '+
   redis.call('ZADD', KEYS[1], lease_end, ahead)
 end
 redis.call('ZADD', KEYS[1], lease_end, ARGV[1])
+redis.call('HSET', KEYS[9], ARGV[1], ARGV[9])
 local applied = ARGV[3]
 if tonumber(ARGV[4]) ~= since then applied = '0-0' end
 local kept = 0
@@ -295,6 +305,8 @@ const LONGEST_POLL: Duration = Duration::from_millis(20);
 /// What a renewal found.
 pub(super) struct Renewal {
     pub(super) sent_at: Instant,
+    /// This renewal's token (see `RENEW`).
+    pub(super) token: u64,
     /// The member's lease epoch when it was sent: a reply to a renewal sent
     /// before the member gave its lease up says nothing of the lease now.
     pub(super) epoch: u64,
@@ -326,8 +338,9 @@ impl FleetSync {
     /// Renews this member's lease, publishing its position.
     pub(super) async fn renew(&self) -> Result<Renewal, FleetError> {
         let keys = &self.inner.keys;
-        let (position, epoch, fleet_since, leased_in, caught_up, (fresh_in, lacked)) = {
-            let state = self.state();
+        let (position, epoch, fleet_since, leased_in, caught_up, (fresh_in, lacked), token, taken) = {
+            let mut state = self.state();
+            state.renewals_sent += 1;
             (
                 state.position,
                 state.lease_epoch,
@@ -335,6 +348,8 @@ impl FleetSync {
                 state.leased_in,
                 !state.fenced,
                 state.lack(),
+                state.renewals_sent,
+                state.renewal_taken,
             )
         };
         let sent_at = Instant::now();
@@ -349,6 +364,7 @@ impl FleetSync {
             .key(&keys.record)
             .key(&keys.trimmed)
             .key(&keys.manifest)
+            .key(&keys.renewals)
             .arg(&self.inner.member)
             .arg(self.inner.settings.lease.as_millis() as u64)
             .arg(position)
@@ -358,6 +374,8 @@ impl FleetSync {
             .arg(u8::from(caught_up))
             .arg(fresh_in.unwrap_or(0))
             .arg(u8::from(lacked))
+            .arg(token)
+            .arg(taken)
             .invoke_async(&mut connection)
             .await;
         // A renewal that failed may have run in Redis and found the lease
@@ -373,6 +391,7 @@ impl FleetSync {
             })?;
         Ok(Renewal {
             sent_at,
+            token,
             epoch,
             fleet_since,
             continuous: continuous == 1,
@@ -457,6 +476,8 @@ impl FleetSync {
                 .zrem(&keys.leases, &self.inner.member)
                 .ignore()
                 .hdel(&keys.applied, &self.inner.member)
+                .ignore()
+                .hdel(&keys.renewals, &self.inner.member)
                 .ignore()
                 .exec_async(&mut connection)
                 .await?;

@@ -265,6 +265,8 @@ struct Keys {
     trimmed: String,
     leases: String,
     applied: String,
+    /// The token of each member's last renewal to run (a hash).
+    renewals: String,
     since: String,
     /// The Redis run id the record in `since` began under, and the records
     /// since the last loss (a hash).
@@ -288,6 +290,7 @@ impl Keys {
             trimmed: key("inserts:trimmed"),
             leases: key("leases"),
             applied: key("applied"),
+            renewals: key("renewals"),
             since: key("since"),
             record: key("since:record"),
             settings: key("settings"),
@@ -344,6 +347,12 @@ struct MemberState {
     lease_epoch: u64,
     /// A renewal failed: it may have found the lease lapsed.
     lease_in_doubt: bool,
+    /// Renewals sent: each one's token is the count with it.
+    renewals_sent: u64,
+    /// The token of the last renewal whose reply was taken in (0: none).
+    /// Redis counts a renewal as continuous only where the lease was last
+    /// taken by that one, not by a first run of the same renewal.
+    renewal_taken: u64,
     /// When the fleet's record in Redis began, as of the last renewal.
     fleet_since: Option<u64>,
     /// The record (its `fleet_since`) from whose stream's start this
@@ -741,13 +750,22 @@ impl FleetSync {
         if !self.inner.guard.claim_for_fleet() {
             return Err(FleetError::AlreadyJoined);
         }
-        let mut unfinished = UnfinishedJoin {
-            member: self.clone(),
-            finished: false,
-        };
         self.inner.guard.set_fenced(true);
         self.state().fenced = true;
         self.inner.counters.count_fence();
+        // Before the first renewal, which may unfence the guard: a join
+        // that could fail after it would leave nothing to fence it again.
+        let lease_watch = match self.watch_lease() {
+            Ok(lease_watch) => lease_watch,
+            Err(error) => {
+                self.inner.guard.release_from_fleet();
+                return Err(FleetError::LeaseWatchNotStarted(error));
+            }
+        };
+        let mut unfinished = UnfinishedJoin {
+            member: self.clone(),
+            lease_watch: Some(lease_watch),
+        };
         let entered = self.enter().instrument(self.span("join"));
         match shutdown {
             // The join waits out a young record's lease and may retry Redis
@@ -760,17 +778,14 @@ impl FleetSync {
             },
             None => entered.await?,
         }
-        let lease_watch = self
-            .watch_lease()
-            .map_err(FleetError::LeaseWatchNotStarted)?;
-        unfinished.finished = true;
+        let lease_watch = unfinished.lease_watch.take();
         self.take_rebuild_turns();
         let member = self.clone();
         // However the tasks end (left, panicked, aborted, never started),
         // nothing keeps the guard up to date any more.
         let ended = MembershipEnds {
             member: self.clone(),
-            lease_watch: Some(lease_watch),
+            lease_watch,
         };
         let task = StoppableTask::spawn("fleet member", shutdown, |stop| async move {
             let _ended = ended;
@@ -819,6 +834,10 @@ impl FleetSync {
             state.settings_unchecked = false;
             state.catch_up_to = None;
             state.recovering = false;
+            // Whatever Redis still holds of an earlier lease, writers may
+            // have counted this member out since: the join's renewal is
+            // never continuous.
+            state.lease_in_doubt = true;
             // Chosen below; an old one would set a snapshot adopted there a
             // catch-up target of its own.
             state.position = StreamPosition::START;
@@ -961,6 +980,7 @@ impl FleetSync {
                 // Sent before this member gave its lease up.
                 return;
             }
+            state.renewal_taken = renewal.token;
             let lease = self.inner.settings.lease;
             state.fence_at = Some(renewal.sent_at + lease - lease / 8);
             state.renewed_at = Some(renewal.sent_at);
@@ -1206,16 +1226,20 @@ impl FleetHandle {
 /// could race a retried join's renewal of the same member.
 struct UnfinishedJoin {
     member: FleetSync,
-    finished: bool,
+    /// Taken by a join that finished, for its tasks to end.
+    lease_watch: Option<membership::LeaseWatch>,
 }
 
 impl Drop for UnfinishedJoin {
     fn drop(&mut self) {
-        if self.finished {
+        let Some(lease_watch) = self.lease_watch.take() else {
             return;
-        }
+        };
         let member = &self.member;
         member.state().give_up_lease();
+        // The join's renewal may have unfenced the guard.
+        member.refresh_fence();
+        drop(lease_watch);
         tracing::warn!(
             guard = %member.inner.guard.name(),
             "fleet join did not finish: the guard stays fenced (every check answers \
@@ -1285,6 +1309,7 @@ mod tests {
     fn renewal(member: &FleetSync, continuous: bool, fleet_since: u64) -> Renewal {
         Renewal {
             sent_at: Instant::now(),
+            token: 0,
             epoch: member.state().lease_epoch,
             fleet_since,
             continuous,

@@ -18,7 +18,7 @@ use crate::guard::RebuildError;
 /// Entries applied per read, at most.
 const READ_COUNT: usize = 1_000;
 /// Keys applied between yields to the member's other tasks: a read of many
-/// large batches, applied in one go, held its lease watch up as long (see
+/// large batches, applied in one go, held its renewals up as long (see
 /// `off_the_member_task`).
 const KEYS_BETWEEN_YIELDS: usize = 4_096;
 /// Wait before reconnecting after a failed read.

@@ -1943,6 +1943,50 @@ impl bloomguard::KeySource for StallsAndFailsWhenTold {
     }
 }
 
+/// A key source whose passes panic once told to (a bug in it).
+struct PanicsWhenTold {
+    panicking: std::sync::atomic::AtomicBool,
+}
+
+impl bloomguard::KeySource for PanicsWhenTold {
+    fn scan(&self) -> bloomguard::source::KeyStream<'_> {
+        assert!(
+            !self.panicking.load(std::sync::atomic::Ordering::SeqCst),
+            "a bug in the key source"
+        );
+        Box::pin(futures_util::stream::once(async {
+            Ok(vec![b"1".to_vec()])
+        }))
+    }
+}
+
+/// A key source that panics ends the maintenance task (documented), which
+/// gave its rebuild turn back only after a rebuild that returned: the turn
+/// stayed taken for the rebuild timeout (10 minutes by default), and no
+/// other member rebuilt meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_source_that_panics_gives_the_rebuild_turn_back() {
+    let server = RedisServer::start();
+    let source = Arc::new(PanicsWhenTold {
+        panicking: std::sync::atomic::AtomicBool::new(false),
+    });
+    let guard = rebuilding_often(Arc::clone(&source));
+    guard.rebuild().await.unwrap();
+    let a = join(guard, server.client(), "panics").await;
+    caught_up(&a).await;
+    source
+        .panicking
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let maintenance = a.guard().spawn_maintenance();
+    wait_until("the task to end", || maintenance.is_finished()).await;
+    assert!(maintenance.panicked());
+    let holder: Option<String> = redis::cmd("GET")
+        .arg("{panics}:rebuild:lock")
+        .query(&mut server.client().get_connection().unwrap())
+        .unwrap();
+    assert_eq!(holder, None, "the rebuild turn outlived the panic");
+}
+
 /// The maintenance task's shutdown returns after the rebuild turn is given
 /// back. It used to be given back by a task of its own, which the runtime's
 /// end (a rolling deploy: shut down, then exit) aborted: the turn stayed

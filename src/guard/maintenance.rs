@@ -36,7 +36,8 @@ const FAILED_CHECK_REPORT_SPACING: Duration = Duration::from_secs(60);
 /// If the task dies (a panic in a [`KeySource`](crate::KeySource), say), it
 /// logs at ERROR, [`panicked`](Self::panicked) turns true and
 /// [`GuardStats::maintenance_running`](crate::GuardStats::maintenance_running)
-/// false: no rebuild or rotation happens until a new task is spawned.
+/// false: no rebuild or rotation happens until a new task is spawned (a
+/// fleet's rebuild turn it held is given back first).
 ///
 /// Keep the handle; a statement that drops it is flagged by the compiler:
 ///
@@ -396,7 +397,17 @@ impl Task {
                             give_back(false).await;
                             break;
                         }
-                        result = guard.rebuild_if_due() => {
+                        result = AssertUnwindSafe(guard.rebuild_if_due()).catch_unwind() => {
+                            let result = match result {
+                                Ok(result) => result,
+                                Err(panic) => {
+                                    // A panic in the key source still ends
+                                    // the task, as documented, but holds no
+                                    // other guard's rebuilds up meanwhile.
+                                    give_back(false).await;
+                                    std::panic::resume_unwind(panic);
+                                }
+                            };
                             // Sharing a committed set uploads it: a stop
                             // meanwhile gives the turn back without it.
                             let committed = result.as_ref().is_some_and(Result::is_ok);

@@ -765,6 +765,20 @@ mod cluster {
         assert_eq!(report.keys, KEYS, "every master's keys, once");
     }
 
+    /// Nodes configured with `cluster-replica-no-failover yes` carry the
+    /// flag `nofailover`, which the source's test for the flag `fail`
+    /// matched: every master counted as failed, every pass failed ("a
+    /// failover in progress?"), and the guard stayed warming.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cluster_whose_replicas_never_fail_over_is_scanned_whole() {
+        let cluster = RedisCluster::start_without_replica_failover();
+        populate(&cluster).await;
+        let source = RedisSource::cluster(cluster.client(), "item:*").strip_prefix("item:");
+        let guard = guard_from(source);
+        let report = guard.rebuild().await.unwrap();
+        assert_eq!(report.keys, KEYS, "every master's keys, once");
+    }
+
     /// A connection to the cluster node on `port` alone.
     fn node(port: u16) -> redis::Connection {
         redis::Client::open(format!("redis://127.0.0.1:{port}/"))

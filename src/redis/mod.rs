@@ -781,9 +781,12 @@ fn epoch_and_slots(fields: &[&str]) -> String {
 }
 
 /// Whether a `CLUSTER NODES` line's flags are a master's that serves: it
-/// has not failed and has an address.
+/// has not failed and has an address. Whole flags: `nofailover`, which
+/// `cluster-replica-no-failover` sets on every node, is not `fail`.
 fn is_serving_master(flags: &str) -> bool {
-    flags.contains("master") && !flags.contains("fail") && !flags.contains("noaddr")
+    let mut flags = flags.split(',');
+    flags.clone().any(|flag| flag == "master")
+        && !flags.any(|flag| matches!(flag, "fail" | "fail?" | "noaddr"))
 }
 
 /// Hash slots in a Redis Cluster.
@@ -1246,14 +1249,21 @@ mod tests {
             own("b", "8192-16383"),
             own("d", "100"),
         ]));
-        // A slot being moved is not served whole by either side.
-        assert!(!covered(&[
-            own("a", "0-99 101-8191 [100->-d]"),
+        // A slot being imported is its source's until it moves (the
+        // marker fails the pass on its own, in `serving_process`).
+        assert!(covered(&[
+            own("a", "0-8191"),
             own("b", "8192-16383"),
+            own("d", "[100-<-a]"),
         ]));
-        // A failed master serves nothing; a broken range counts for none.
-        let failed = "a 127.0.0.1:7000@17000 myself,master,fail - 0 0 1 connected 0-8191";
-        assert!(!covered(&[failed.to_owned(), own("b", "8192-16383")]));
+        // A failed master serves nothing; `nofailover` is no failure; a
+        // broken range counts for none.
+        let flagged = |flags: &str| {
+            format!("a 127.0.0.1:7000@17000 myself,master,{flags} - 0 0 1 connected 0-8191")
+        };
+        assert!(!covered(&[flagged("fail"), own("b", "8192-16383")]));
+        assert!(!covered(&[flagged("fail?"), own("b", "8192-16383")]));
+        assert!(covered(&[flagged("nofailover"), own("b", "8192-16383")]));
         assert!(!covered(&[own("a", "0-8191 x-y"), own("b", "8192-16384")]));
     }
 

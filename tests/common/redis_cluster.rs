@@ -41,6 +41,12 @@ impl RedisCluster {
         )
     }
 
+    /// [`start`](Self::start) with `cluster-replica-no-failover yes` on
+    /// every node, which flags each one `nofailover`.
+    pub(crate) fn start_without_replica_failover() -> Self {
+        Self::start_with(1, &["--cluster-replica-no-failover", "yes"])
+    }
+
     /// `replicas` replicas per master; `node_args`: more `redis-server`
     /// arguments for every node.
     fn start_with(replicas: usize, node_args: &[&str]) -> Self {
@@ -124,10 +130,7 @@ impl RedisCluster {
         let nodes: String = query(port, redis::cmd("CLUSTER").arg("NODES")).unwrap();
         nodes
             .lines()
-            .filter(|line| {
-                let flags = line.split(' ').nth(2).unwrap_or("");
-                flags.contains("master") && !flags.contains("fail") && line.split(' ').count() > 8
-            })
+            .filter(|line| is_serving_master(line) && line.split(' ').count() > 8)
             .filter_map(|line| {
                 let address = line.split(' ').nth(1)?;
                 address.split('@').next()?.rsplit(':').next()?.parse().ok()
@@ -142,10 +145,7 @@ impl RedisCluster {
         let nodes = self.nodes();
         nodes
             .lines()
-            .filter(|line| {
-                let flags = line.split(' ').nth(2).unwrap_or("");
-                flags.contains("master") && !flags.contains("fail")
-            })
+            .filter(|line| is_serving_master(line))
             .find(|line| {
                 line.split(' ').skip(8).any(|range| {
                     let (first, last) = range.split_once('-').unwrap_or((range, range));
@@ -235,4 +235,11 @@ impl Drop for RedisCluster {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Whether a `CLUSTER NODES` line is a master's that has not failed (whole
+/// flags: `nofailover` is not `fail`).
+fn is_serving_master(line: &str) -> bool {
+    let mut flags = line.split(' ').nth(2).unwrap_or("").split(',');
+    flags.clone().any(|flag| flag == "master") && !flags.any(|flag| flag.starts_with("fail"))
 }

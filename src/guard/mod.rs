@@ -566,9 +566,13 @@ impl Guard {
     /// Dropping this future before `write` completes (a cancelled request:
     /// axum drops a handler's future when its client disconnects) ends the
     /// cover at once. A write already sent that still lands more than the
-    /// write settle later can then be missed by a rebuild's scan: make such
-    /// writes cancel-safe (spawn them), or bound them below the settle (a
-    /// statement timeout).
+    /// write settle later can then be missed by a rebuild's scan: spawn the
+    /// whole call (`tokio::spawn(async move { guard.insert_then_write(key,
+    /// write).await })`, so that the cover lives in the task with the
+    /// write), or bound such writes below the settle (a statement timeout).
+    /// Spawning only `write` does not help: the task outlives the cover
+    /// dropped with this future. `write` must not have started yet (a
+    /// `JoinHandle` of a task already spawned runs before the insert).
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {

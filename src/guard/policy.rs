@@ -267,7 +267,8 @@ impl RebuildPolicy {
         self
     }
 
-    /// How long after [`Guard::insert`](crate::Guard::insert) returns the
+    /// How long after [`Guard::insert`](crate::Guard::insert) (counted from
+    /// the insert itself, a few instructions before it returns) the
     /// caller's write may take to become visible in the store, at most
     /// (default [`DEFAULT_WRITE_SETTLE`](Self::DEFAULT_WRITE_SETTLE)), as the
     /// guard's source and loaders read it: where they read a replica, its

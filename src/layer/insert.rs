@@ -20,9 +20,14 @@ use crate::guard::{Guard, PendingWrite};
 /// [guard](crate::guard), for routes that create items. The insert counts as
 /// a pending write until the inner service has answered, so a rebuild
 /// running meanwhile waits for it (see [`PendingWrite`]). A response future
-/// dropped before that (the client went away) ends the cover: see
-/// [`Guard::insert_then_write`](crate::Guard::insert_then_write) for the
-/// writes that then need to be cancel-safe. So does the answer itself: a
+/// dropped before that (the client went away) ends the cover: a handler
+/// whose write can land later than the
+/// [write settle](crate::RebuildPolicy::write_settle) after that (a slow
+/// database behind a client timeout) moves the write into a task of its
+/// own together with a [`PendingWrite`] of its own
+/// ([`Guard::begin_write`]) for the same key, dropped once the write has
+/// landed; spawning the write alone does not keep the cover. So does the
+/// answer itself: a
 /// handler that writes after it has answered (from a task it spawned, or
 /// while its response body streams) must have the write visible in the
 /// store within the

@@ -474,7 +474,11 @@ impl FleetSyncBuilder {
 
     /// Caps the insert stream at about `max_len` entries (`XADD … MAXLEN ~`),
     /// a ceiling under the retention that snapshots set. A member that falls
-    /// further behind recovers from a snapshot.
+    /// further behind recovers from a snapshot. Keep it above the entries
+    /// appended while a snapshot is encoded, uploaded and loaded: a publish
+    /// the cap trimmed past is refused, and a snapshot trimmed past before
+    /// a joiner loads it covers nothing, so that members without a source
+    /// would stay fenced.
     pub fn stream_max_len(mut self, max_len: usize) -> Self {
         self.settings.stream_max_len = max_len.max(1);
         self
@@ -1273,6 +1277,7 @@ async fn off_the_member_task<T: Send + 'static>(
 #[cfg(all(test, not(bloomguard_loom)))]
 mod tests {
     use super::*;
+    use stream::ReadBegun;
 
     /// The acknowledgement timeout is 3 leases unless told, whichever
     /// lease is set, and in whichever order.
@@ -1556,7 +1561,7 @@ mod tests {
         let member = member();
         member.state().position = StreamPosition::START;
         member.renewed(renewal(&member, true, 1));
-        let resets = member.state().stream_resets;
+        let begun = ReadBegun::now(&member.state());
         member.renewed(renewal(&member, true, 2)); // Redis lost its data
         assert_eq!(member.state().position, StreamPosition::START);
         let read_of_the_old_stream = "300-0".parse().unwrap();
@@ -1564,7 +1569,7 @@ mod tests {
         assert!(
             member
                 .commit_read(
-                    resets,
+                    begun,
                     read_of_the_old_stream,
                     now,
                     read_of_the_old_stream,
@@ -1574,10 +1579,37 @@ mod tests {
         );
         assert_eq!(member.state().position, StreamPosition::START);
 
-        let resets = member.state().stream_resets;
+        let begun = ReadBegun::now(&member.state());
         let read = "50-0".parse().unwrap();
-        assert!(member.commit_read(resets, read, now, read, 1).is_some());
+        assert!(member.commit_read(begun, read, now, read, 1).is_some());
         assert_eq!(member.state().position, read);
+    }
+
+    /// An empty read that Redis ran before a renewal that found the stream
+    /// longer (the renewal's reply taken in first, setting the catch-up
+    /// target) says nothing of the entries up to that target: the member
+    /// reads again. It recovered, as if Redis had lost them, and a lone
+    /// member without a source stayed fenced for good where the stream was
+    /// trimmed past the last snapshot. A read begun with the target set
+    /// that ends before it does show them lost.
+    #[test]
+    fn an_empty_read_older_than_its_catch_up_target_does_not_strand_the_member() {
+        let member = member(); // at 100-0
+        member.renewed(renewal(&member, true, 1));
+        let position = member.state().position;
+        let begun = ReadBegun::now(&member.state());
+        member.state().lease_in_doubt = true; // a renewal failed
+        member.renewed(renewal(&member, true, 1)); // the stream ends at 200-0
+        assert!(member.state().catch_up_to.is_some());
+        let read = member.commit_read(begun, position, Instant::now(), position, 0);
+        assert!(
+            matches!(read, Some((false, _))),
+            "stranded by a newer target"
+        );
+
+        let begun = ReadBegun::now(&member.state());
+        let read = member.commit_read(begun, position, Instant::now(), position, 0);
+        assert!(matches!(read, Some((true, _))), "begun with the target set");
     }
 
     #[test]

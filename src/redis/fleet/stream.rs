@@ -11,9 +11,27 @@ use tokio::time::Instant;
 
 use super::super::Live;
 use super::membership::RECORD_SINCE;
-use super::{FleetSync, StreamPosition};
+use super::{FleetSync, MemberState, StreamPosition};
 use crate::error::FleetError;
 use crate::guard::RebuildError;
+
+/// What a read of the stream began under.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ReadBegun {
+    /// The member's stream resets (see `MemberState::stream_resets`).
+    resets: u64,
+    /// The member's catch-up target.
+    catch_up_to: Option<StreamPosition>,
+}
+
+impl ReadBegun {
+    pub(super) fn now(state: &MemberState) -> Self {
+        Self {
+            resets: state.stream_resets,
+            catch_up_to: state.catch_up_to,
+        }
+    }
+}
 
 /// Entries applied per read, at most.
 const READ_COUNT: usize = 1_000;
@@ -257,9 +275,9 @@ impl FleetSync {
 
     /// Applies the entries after this member's position, if none were trimmed.
     async fn apply_next(&self, connection: &mut Live) -> Result<Next, FleetError> {
-        let (position, resets) = {
+        let (position, begun) = {
             let state = self.state();
-            (state.position, state.stream_resets)
+            (state.position, ReadBegun::now(&state))
         };
         let read = self.read_after(connection, position, READ_COUNT).await?;
         let read_at = Instant::now();
@@ -307,7 +325,7 @@ impl FleetSync {
         }
         self.inner.counters.count_remote_inserts(remote);
         let Some((stranded, fleet_since)) =
-            self.commit_read(resets, newest, read_at, read.last, read.entries.ids.len())
+            self.commit_read(begun, newest, read_at, read.last, read.entries.ids.len())
         else {
             // A renewal found Redis's data lost while this read ran, and sent
             // this member back to the new stream's start: the entries read
@@ -326,23 +344,23 @@ impl FleetSync {
         }
     }
 
-    /// Moves this member to `newest`, where a read begun with `resets`
-    /// stream resets got to (`entries` applied, the stream ending at
-    /// `stream_end`). `None`, nothing moved, when a renewal has sent the
-    /// member back to a new stream's start since: its position may look the
-    /// same (`START`), but the read was of the old stream. Otherwise whether
-    /// the member is stranded (the entries it must hold are gone), and the
-    /// fleet record its position belongs to.
+    /// Moves this member to `newest`, where a read `begun` got to
+    /// (`entries` applied, the stream ending at `stream_end`). `None`,
+    /// nothing moved, when a renewal has sent the member back to a new
+    /// stream's start since: its position may look the same (`START`), but
+    /// the read was of the old stream. Otherwise whether the member is
+    /// stranded (the entries it must hold are gone), and the fleet record
+    /// its position belongs to.
     pub(super) fn commit_read(
         &self,
-        resets: u64,
+        begun: ReadBegun,
         newest: StreamPosition,
         read_at: Instant,
         stream_end: StreamPosition,
         entries: usize,
     ) -> Option<(bool, Option<u64>)> {
         let mut state = self.state();
-        if state.stream_resets != resets {
+        if state.stream_resets != begun.resets {
             return None;
         }
         state.position = newest;
@@ -356,9 +374,15 @@ impl FleetSync {
                 state.catch_up_to = None;
                 false
             }
-            // The stream ends before the entries this member must hold
-            // (Redis lost them): only a snapshot or a rebuild has them.
-            Some(target) if entries == 0 && stream_end < target => true,
+            // The stream ended before the entries this member had to hold
+            // when the read began (Redis lost them): only a snapshot or a
+            // rebuild has them. A target set since, by a renewal that Redis
+            // ran after this read, is in the stream: read again.
+            Some(_)
+                if entries == 0 && begun.catch_up_to.is_some_and(|target| stream_end < target) =>
+            {
+                true
+            }
             _ => false,
         };
         Some((stranded, state.fleet_since))

@@ -21,8 +21,9 @@ pub enum Lifecycle {
     /// second where the write took over half the write settle):
     /// "seen in the last 30 days" without deletion, in bounded memory.
     /// The maintenance task rotates between its other work: a rotation
-    /// that falls due during a rebuild (or a staleness check) waits for it
-    /// to end, and the oldest keys stay present for as much longer. The
+    /// that falls due during a rebuild (on a fleet, with taking the turn
+    /// for it and sharing its set) or a staleness check waits for it to
+    /// end, and the oldest keys stay present for as much longer. The
     /// write settle must be shorter than the window: a key could otherwise
     /// leave before its write lands.
     ///

@@ -42,6 +42,13 @@ unsafe impl Send for Blocks {}
 // SAFETY: as above; `&Blocks` only hands out `&[Block]`.
 unsafe impl Sync for Blocks {}
 
+/// Whether `bytes` of blocks fit one allocation on this target (with the
+/// aligning padding): `usize` alone admits sizes past `isize::MAX` on a
+/// 32-bit target, which `Layout` refuses.
+pub(super) fn fit_one_allocation(bytes: u64) -> bool {
+    usize::try_from(bytes).is_ok_and(|bytes| bytes <= isize::MAX as usize - 64)
+}
+
 impl Blocks {
     /// `count` zeroed blocks, lazily mapped.
     #[cfg(not(bloomguard_loom))]

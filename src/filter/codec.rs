@@ -5,7 +5,7 @@
 //!      0     8  magic "BLMGUARD"
 //!      8     2  format version (1)
 //!     10     1  layout id (1: 512-bit blocks of eight u64 words)
-//!     11     1  hash scheme id (1: xxh3-64 + multiply-high block + golden-ratio probes)
+//!     11     1  hash scheme id (1: see below)
 //!     12     4  k
 //!     16     8  blocks
 //!     24     8  seed
@@ -16,6 +16,13 @@
 //!   end-16   8  set bits in the payload (the exact counter, checked on load)
 //!    end-8   8  xxh3-64 of every byte before it
 //! ```
+//!
+//! Hash scheme 1: a key's hash is xxh3-64 of its bytes with the seed; its
+//! block is the high half of `hash × blocks` (multiply-high); its k probe
+//! bits are consecutive 9-bit slices, lowest first, of the SplitMix64
+//! finalizer of the hash, the word mixed again (after adding
+//! `0x9e3779b97f4a7c15`) every seven probes; probe bit `b` is bit `b % 64`
+//! of the block's word `b / 64`.
 //!
 //! Version 1 is a promise: golden files under `tests/golden/` pin it, and every
 //! later build must read them back with identical answers.
@@ -200,7 +207,7 @@ fn decode(
     checksum.update(&header);
     let header = parse_header(&header)?;
     let bytes = header.blocks.saturating_mul(BLOCK_BYTES);
-    if bytes > max_bytes || usize::try_from(bytes).is_err() {
+    if bytes > max_bytes || !super::blocks::fit_one_allocation(bytes) {
         return Err(DecodeError::TooLarge { bytes, max_bytes });
     }
 

@@ -85,7 +85,10 @@ pub fn plan(expected_items: u64, false_positive_rate: f64) -> Result<Plan, Confi
     while blocked_fpr(n / blocks as f64, k) > false_positive_rate {
         blocks = blocks.saturating_add(blocks / 4096 + 1);
     }
-    let bits = blocks.saturating_mul(BLOCK_BITS);
+    // Past 2^64 bits, the largest filter of whole blocks: no budget admits
+    // it, and the builder says so.
+    blocks = blocks.min(u64::MAX / BLOCK_BITS);
+    let bits = blocks * BLOCK_BITS;
     Ok(Plan {
         expected_items,
         false_positive_rate,
@@ -222,6 +225,18 @@ pub(crate) fn keys_per_block_from_fill(set_bits: u64, bits: u64, k: u32) -> f64 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A plan past 2^64 bits is of whole blocks still: it saturated to
+    /// `u64::MAX` bits, which no filter of whole blocks has, and predicted
+    /// the FPR of more blocks than that.
+    #[test]
+    fn a_plan_past_two_to_the_sixty_four_bits_is_of_whole_blocks() {
+        let largest = plan(u64::MAX, 0.01).unwrap();
+        assert_eq!(largest.bits % BLOCK_BITS, 0);
+        let blocks = largest.bits / BLOCK_BITS;
+        let predicted = blocked_fpr(u64::MAX as f64 / blocks as f64, largest.k);
+        assert_eq!(largest.predicted_fpr, predicted);
+    }
 
     #[test]
     fn one_percent_lands_near_ten_bits_per_key_with_six_probes() {

@@ -665,7 +665,7 @@ impl FilterBuilder {
             }
         };
         let bytes = blocks.saturating_mul(BLOCK_BITS / 8);
-        if bytes > self.max_bytes || usize::try_from(bytes).is_err() {
+        if bytes > self.max_bytes || !blocks::fit_one_allocation(bytes) {
             return Err(ConfigError::TooLarge {
                 bytes,
                 max_bytes: self.max_bytes,

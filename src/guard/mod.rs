@@ -245,7 +245,9 @@ impl Guard {
     /// The keys' `as_ref` runs while the filters are held for reading (once
     /// per key, and again for an `Absent` one when the guard samples those
     /// for its staleness check): keep it quick, since a slow one delays the
-    /// freeing of filters a rebuild replaced. It may check a guard itself.
+    /// freeing of filters a rebuild replaced, in every guard of the process
+    /// (sections are tracked per thread, not per guard), for as long as such
+    /// calls keep running. It may check a guard itself.
     ///
     /// # Panics
     /// If `out` is shorter than `keys`.

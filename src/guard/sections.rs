@@ -490,6 +490,10 @@ impl<T> Published<T> {
         if this_thread_reads() {
             return;
         }
+        // Outside a section, this thread acknowledges a turn to fences on
+        // its own record, as counting does: one that only swaps (a timer
+        // that rotates) would otherwise hold up every reclaim after it.
+        let _ = claimed_thread_record_index();
         let mut owned = unpoisoned(self.owned.lock());
         // Every retired value was unpublished before the barrier this
         // waits behind, so once the sections open at it have ended, none

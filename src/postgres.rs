@@ -116,13 +116,17 @@ impl PgSource {
                 "SELECT pg_is_in_recovery(), ARRAY(SELECT {key}::text FROM {relation} \
                  WHERE {key} > $1 ORDER BY {key} LIMIT $2)"
             ),
-            // The collation by name, as `pg_collation_for` spells it (quoted,
-            // and qualified when not on the search path): `regcollation`
-            // needs PostgreSQL 13.
+            // The type under every domain (a domain may be over another),
+            // and the collation by name, as `pg_collation_for` spells it
+            // (quoted, and qualified when not on the search path):
+            // `regcollation` needs PostgreSQL 13.
             key_check: format!(
-                "WITH one AS (SELECT {key} AS key FROM {relation} LIMIT 1) SELECT \
-                 (SELECT format_type(coalesce(nullif(t.typbasetype, 0), t.oid), NULL) \
-                  FROM one, pg_type t WHERE t.oid = pg_typeof(one.key)), \
+                "WITH RECURSIVE one AS (SELECT {key} AS key FROM {relation} LIMIT 1), \
+                 base(oid, over) AS (SELECT t.oid, t.typbasetype FROM one, pg_type t \
+                  WHERE t.oid = pg_typeof(one.key) \
+                  UNION ALL SELECT t.oid, t.typbasetype FROM base, pg_type t \
+                  WHERE t.oid = base.over) SELECT \
+                 (SELECT format_type(oid, NULL) FROM base WHERE over = 0), \
                  (SELECT bool_and(c.collisdeterministic) \
                   FROM one, pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace \
                   WHERE pg_collation_for(one.key) COLLATE \"C\" IN \
@@ -181,7 +185,7 @@ impl PgSource {
     /// with a text parameter as text, so under "C" the page after `'a'`
     /// skips `'B'`; `char(n)` pads its keys. (The store's `= $1` would also
     /// find `'A'` for `'a'`, which the guard, holding bytes, answers absent.)
-    /// One short statement a pass.
+    /// One short statement at each end of a pass.
     async fn refuse_loosely_compared_keys(&self) -> Result<(), SourceError> {
         let (key_type, deterministic): (Option<String>, Option<bool>) =
             sqlx::query_as(&self.key_check)
@@ -221,6 +225,12 @@ impl KeySource for PgSource {
             }
             let keys = self.page_after(after.as_deref()).await?;
             let next = (keys.len() as i64 == self.page).then(|| keys.last().cloned());
+            if next.is_none() {
+                // Again at the end: a migration during the pass (a column
+                // turned citext) changes how the later pages compare,
+                // with no error, and the pass would look whole.
+                self.refuse_loosely_compared_keys().await?;
+            }
             let batch = keys
                 .iter()
                 .map(|key| match &self.map_key {

@@ -357,4 +357,15 @@ async fn keys_of_a_case_insensitive_type_fail_the_pass() {
     let report = guard.rebuild().await.unwrap();
     assert_eq!(report.keys, 3);
     assert_eq!(guard.check("B"), Verdict::MaybePresent);
+
+    // A domain over that domain compares as text too: it was taken for
+    // its own base, the domain, and every pass failed.
+    for statement in [
+        "CREATE DOMAIN user_handle AS handle",
+        "ALTER TABLE handles ALTER COLUMN name TYPE user_handle COLLATE \"C\"",
+    ] {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    let report = guard.rebuild().await.unwrap();
+    assert_eq!(report.keys, 3);
 }

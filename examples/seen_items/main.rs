@@ -374,7 +374,9 @@ async fn open_store(
     if let Some(url) = &args.database_url {
         #[cfg(feature = "postgres")]
         {
-            let postgres = store::PgStore::open(url).await?;
+            let postgres = store::PgStore::open(url)
+                .await
+                .map_err(|error| format!("PostgreSQL at DATABASE_URL: {error}"))?;
             return Ok(SeenStore::new(Backend::Postgres(Arc::new(postgres))));
         }
         #[cfg(not(feature = "postgres"))]
@@ -387,8 +389,9 @@ async fn open_store(
     if !args.redis_cluster_urls.is_empty() {
         #[cfg(feature = "redis")]
         {
-            let cluster =
-                store::RedisStore::open_cluster(&args.redis_cluster_urls, expires_after).await?;
+            let cluster = store::RedisStore::open_cluster(&args.redis_cluster_urls, expires_after)
+                .await
+                .map_err(|error| format!("Redis Cluster at REDIS_CLUSTER_URLS: {error}"))?;
             return Ok(SeenStore::new(Backend::Redis(Arc::new(cluster))));
         }
         #[cfg(not(feature = "redis"))]
@@ -397,7 +400,9 @@ async fn open_store(
     if let Some(url) = &args.redis_url {
         #[cfg(feature = "redis")]
         {
-            let redis = store::RedisStore::open(url, expires_after).await?;
+            let redis = store::RedisStore::open(url, expires_after)
+                .await
+                .map_err(|error| format!("Redis at REDIS_URL: {error}"))?;
             return Ok(SeenStore::new(Backend::Redis(Arc::new(redis))));
         }
         #[cfg(not(feature = "redis"))]
@@ -455,8 +460,27 @@ struct Fleet {
     #[cfg(feature = "redis")]
     handles: Vec<bloomguard::redis::FleetHandle>,
     #[cfg(feature = "redis")]
-    runtime: Option<tokio::runtime::Runtime>,
+    runtime: Option<FleetRuntime>,
 }
+
+/// The fleet's runtime, shut down without waiting for its threads however
+/// the job ends: dropped inside the job's own runtime, as on an error path,
+/// a plain `Runtime` panics, and the error it carried is never printed.
+#[cfg(feature = "redis")]
+struct FleetRuntime(Option<tokio::runtime::Runtime>);
+
+#[cfg(feature = "redis")]
+impl Drop for FleetRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// How long joined members may take to catch up before the job gives up.
+#[cfg(feature = "redis")]
+const JOIN_CATCH_UP: Duration = Duration::from_secs(60);
 
 impl Fleet {
     /// Joins the guards as one fleet when there are several (on the Redis
@@ -465,20 +489,31 @@ impl Fleet {
     async fn join(store: &SeenStore, guards: &[Guard]) -> Result<Self, Box<dyn std::error::Error>> {
         #[cfg(feature = "redis")]
         if let (true, Backend::Redis(redis)) = (guards.len() > 1, store.backend()) {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()?;
+            let runtime = FleetRuntime(Some(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()?,
+            ));
+            let spawner = runtime.0.as_ref().expect("just built").handle().clone();
             let mut members = Vec::new();
             let mut handles = Vec::new();
             for guard in guards {
                 let member = redis.fleet_member(guard.clone())?.build();
                 let joining = member.clone();
-                handles.push(runtime.spawn(async move { joining.join().await }).await??);
+                handles.push(spawner.spawn(async move { joining.join().await }).await??);
                 members.push(member);
             }
-            for member in &members {
+            let caught_up_by = tokio::time::Instant::now() + JOIN_CATCH_UP;
+            for (instance, member) in members.iter().enumerate() {
                 while member.guard().is_fenced() {
+                    if tokio::time::Instant::now() >= caught_up_by {
+                        return Err(format!(
+                            "instance {instance}'s fleet member did not catch up within \
+                             {JOIN_CATCH_UP:?} of joining"
+                        )
+                        .into());
+                    }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             }
@@ -505,9 +540,7 @@ impl Fleet {
             for handle in self.handles {
                 handle.shutdown().await;
             }
-            if let Some(runtime) = self.runtime {
-                runtime.shutdown_background();
-            }
+            drop(self.runtime);
         }
     }
 }

@@ -225,9 +225,10 @@ pub(crate) async fn run(
     for writer in writers {
         writer.await.map_err(|error| error.to_string())??;
     }
-    let swept = sweep(&run).await?;
     run.finished.store(true, Ordering::Release);
     let (timeline, events, largest_lag) = observing.await.map_err(|error| error.to_string())?;
+    // After the rebuild the phase waited for: the filters the job ends on.
+    let swept = sweep(&run).await?;
     let fleet = (!fleets.is_empty()).then(|| {
         let mut acknowledgements = std::mem::take(&mut *run.acknowledgements.lock().unwrap());
         acknowledgements.sort_unstable();
@@ -279,9 +280,11 @@ pub(crate) async fn run(
 }
 
 /// Checks every pair the store holds against every instance's guard, once
-/// the writes are done: the requests only meet the pairs their users are
-/// drawn for. A fenced member answers "maybe" to all, so each is given a
-/// while to catch up first. Returns how many checks could have failed.
+/// the writes are done and the last rebuild has ended: the requests only
+/// meet the pairs their users are drawn for. A fenced member answers
+/// "maybe" to all, so each is given a while to catch up first; one that
+/// does not fails the run, as unchecked. Returns how many checks could have
+/// failed.
 async fn sweep(run: &Run) -> Result<u64, String> {
     let mut swept = 0;
     let held = run.workload.truth.held_at(Instant::now());
@@ -291,7 +294,10 @@ async fn sweep(run: &Run) -> Result<u64, String> {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         if gate.guard().is_fenced() {
-            continue;
+            return Err(format!(
+                "instance {instance}'s fleet member is still fenced {SWEEP_CATCH_UP:?} after \
+                 the writes ended: its guard could not be checked"
+            ));
         }
         swept += held.len() as u64;
         for &(pair, until) in &held {
@@ -311,7 +317,7 @@ async fn sweep(run: &Run) -> Result<u64, String> {
 }
 
 /// How long the sweep waits for a fenced fleet member to catch up.
-const SWEEP_CATCH_UP: Duration = Duration::from_secs(5);
+const SWEEP_CATCH_UP: Duration = Duration::from_secs(30);
 
 /// Issues requests until the deadline; returns their latencies.
 async fn worker(

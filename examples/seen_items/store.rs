@@ -441,6 +441,11 @@ pub(crate) struct PgStore {
 impl PgStore {
     /// Connects, and recreates [`TABLE`] (empty) with a primary key on the pair.
     pub(crate) async fn open(url: &str) -> Result<Self, sqlx::Error> {
+        // The pool retries a refused connection for its whole acquire
+        // timeout, then says only that it timed out: one connection made
+        // alone first fails the job at once, with its cause.
+        use sqlx::Connection as _;
+        sqlx::PgConnection::connect(url).await?.close().await?;
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(8)
             .connect(url)

@@ -48,7 +48,11 @@ use crate::guard::{Guard, PendingWrite};
 ///   template.
 ///
 /// `PathKey` keys a write at any nest level and through the rewrites it
-/// can see (see its "Nests, rewrites, and the two sides"). A stored item
+/// can see (see its "Nests, rewrites, and the two sides"), with the `axum`
+/// feature. Without it, an `InsertLayer` inside a nest whose prefix holds
+/// the id (`nest("/users/{user}", …)` around the layer) sees the path with
+/// the prefix stripped, finds no id, and inserts nothing: put the layer
+/// above that nest. A stored item
 /// whose write was not keyed is answered 404 until a rebuild from the
 /// store picks it up. That includes an id the server makes up (a `POST
 /// /items` that answers with the new item's id): no request names it, so

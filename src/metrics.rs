@@ -40,11 +40,15 @@ pub const FILL_RATIO: &str = "bloomguard_fill_ratio";
 pub const ESTIMATED_ITEMS: &str = "bloomguard_estimated_items";
 /// False-positive rate the fill implies.
 pub const ESTIMATED_FPR: &str = "bloomguard_estimated_false_positive_ratio";
-/// False positives ÷ (false positives + absent answers) since the last rebuild.
+/// False positives ÷ (false positives + absent answers) since the last
+/// rebuild; NaN while there is none of either (after a rebuild, say).
 pub const OBSERVED_FPR: &str = "bloomguard_observed_false_positive_ratio";
-/// Share of checks that went on to the backend.
+/// Share of checks the guard let through (`maybe_present` or `warming`):
+/// see [`GuardStats::pass_through_ratio`](crate::GuardStats::pass_through_ratio)
+/// for the ones that do not reach the backend.
 pub const PASS_THROUGH_RATIO: &str = "bloomguard_pass_through_ratio";
-/// The larger of estimated and observed FPR over the target.
+/// The larger of estimated and observed FPR over the target; the observed
+/// one once it rests on enough answers (as the drift rebuild's trigger).
 pub const DRIFT_RATIO: &str = "bloomguard_drift_ratio";
 /// Live filters.
 pub const GENERATIONS: &str = "bloomguard_generations";
@@ -64,7 +68,7 @@ pub const LAST_REBUILD_SUCCESS_SECONDS: &str = "bloomguard_last_rebuild_success_
 pub const UNVERIFIED_POSITIVES_TOTAL: &str = "bloomguard_unverified_positives_total";
 /// Trusted positives estimated false: absent keys answered present.
 pub const OVER_FILTERED: &str = "bloomguard_over_filtered";
-/// Over-filtered keys ÷ absent keys checked.
+/// Over-filtered keys ÷ absent keys checked; NaN before any was checked.
 pub const OVER_FILTERING_RATIO: &str = "bloomguard_over_filtering_ratio";
 /// `Absent` answers passed on to the backend anyway (shadow mode).
 pub const SHADOWED_ABSENT_TOTAL: &str = "bloomguard_shadowed_absent_total";
@@ -122,11 +126,11 @@ pub fn describe() {
     describe_gauge!(ESTIMATED_FPR, "False-positive rate implied by the fill");
     describe_gauge!(
         OBSERVED_FPR,
-        "False positives / (false positives + absent verdicts) since the last rebuild"
+        "False positives / (false positives + absent verdicts) since the last rebuild (NaN: none yet)"
     );
     describe_gauge!(
         PASS_THROUGH_RATIO,
-        "Share of checks passed on to the backend"
+        "Share of checks the guard let through (maybe_present or warming)"
     );
     describe_gauge!(
         DRIFT_RATIO,
@@ -245,14 +249,15 @@ impl Guard {
         gauge!(FILL_RATIO, "guard" => name.clone()).set(stats.fill_ratio);
         gauge!(ESTIMATED_ITEMS, "guard" => name.clone()).set(stats.estimated_items);
         gauge!(ESTIMATED_FPR, "guard" => name.clone()).set(stats.estimated_fpr);
-        if let Some(observed) = stats.observed_fpr {
-            gauge!(OBSERVED_FPR, "guard" => name.clone()).set(observed);
-        }
+        // NaN rather than the value from before the last rebuild.
+        gauge!(OBSERVED_FPR, "guard" => name.clone()).set(stats.observed_fpr.unwrap_or(f64::NAN));
         gauge!(PASS_THROUGH_RATIO, "guard" => name.clone()).set(stats.pass_through_ratio);
-        let drift = stats
-            .observed_drift
+        let drift = self
+            .outcomes_since_rebuild()
+            .asked()
+            .evidenced_fpr()
             .map_or(stats.estimated_drift, |observed| {
-                observed.max(stats.estimated_drift)
+                (observed / stats.target_fpr).max(stats.estimated_drift)
             });
         gauge!(DRIFT_RATIO, "guard" => name.clone()).set(drift);
         gauge!(GENERATIONS, "guard" => name.clone()).set(stats.generations as f64);
@@ -272,9 +277,8 @@ impl Guard {
         counter!(UNVERIFIED_POSITIVES_TOTAL, "guard" => name.clone())
             .absolute(stats.unverified_positives);
         gauge!(OVER_FILTERED, "guard" => name.clone()).set(stats.over_filtered);
-        if let Some(rate) = stats.over_filtering_rate {
-            gauge!(OVER_FILTERING_RATIO, "guard" => name.clone()).set(rate);
-        }
+        gauge!(OVER_FILTERING_RATIO, "guard" => name.clone())
+            .set(stats.over_filtering_rate.unwrap_or(f64::NAN));
         counter!(SHADOWED_ABSENT_TOTAL, "guard" => name.clone()).absolute(stats.shadowed_absent);
         counter!(WOULD_BE_FALSE_NEGATIVES_TOTAL, "guard" => name)
             .absolute(stats.would_be_false_negatives);

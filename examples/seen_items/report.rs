@@ -288,7 +288,7 @@ pub(crate) fn draw_chart(
         samples,
         |s| s.pass_through,
         GREEN,
-        "pass-through to the store",
+        "let through by the guard",
     )?;
     finish(&mut chart, &phase.events)?;
 

@@ -15,11 +15,6 @@ use super::{Guard, Inner, Lifecycle, RebuildError, Verdict, staleness::Verifier}
 use crate::sync::unpoisoned;
 use crate::task::StoppableTask;
 
-/// Outcomes since the last rebuild before an observed drift counts: fewer
-/// would let sampling noise trigger rebuilds.
-const MIN_OBSERVED_OUTCOMES: u64 = 10_000;
-/// False positives since the last rebuild before an observed drift counts.
-const MIN_OBSERVED_FALSE_POSITIVES: u64 = 20;
 /// How long the staleness check waits for the store's answer.
 const VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a failing staleness check is logged at most.
@@ -189,12 +184,11 @@ impl Guard {
             // backend answered them: one absent key a bot asks again and
             // again, remembered by a loader's cache, is no drift, and a
             // rebuild (same seed, same keys) would let it through again.
-            let outcomes = self.outcomes_since_rebuild().asked();
-            if outcomes.false_positives >= MIN_OBSERVED_FALSE_POSITIVES
-                && outcomes.false_positives + outcomes.absent >= MIN_OBSERVED_OUTCOMES
-                && outcomes
-                    .observed_fpr()
-                    .is_some_and(|rate| rate > threshold * self.inner.target_fpr)
+            if self
+                .outcomes_since_rebuild()
+                .asked()
+                .evidenced_fpr()
+                .is_some_and(|rate| rate > threshold * self.inner.target_fpr)
             {
                 return Some("observed drift");
             }

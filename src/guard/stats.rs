@@ -111,6 +111,15 @@ impl Outcomes {
         }
     }
 
+    /// [`observed_fpr`](Self::observed_fpr) once it rests on enough
+    /// outcomes to tell drift from sampling noise; `None` before.
+    pub(crate) fn evidenced_fpr(&self) -> Option<f64> {
+        (self.false_positives >= MIN_OBSERVED_FALSE_POSITIVES
+            && self.false_positives + self.absent >= MIN_OBSERVED_OUTCOMES)
+            .then(|| self.observed_fpr())
+            .flatten()
+    }
+
     /// The outcomes the backend answered: without the remembered false
     /// positives, which one key asked again and again can fill.
     pub(crate) fn asked(self) -> Self {
@@ -156,7 +165,8 @@ impl Outcomes {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct VerdictCounts {
-    /// Answered "certainly absent": backend calls avoided.
+    /// Answered "certainly absent": backend calls avoided (in shadow mode,
+    /// asked anyway).
     pub absent: u64,
     /// Answered "maybe present".
     pub maybe_present: u64,
@@ -246,7 +256,10 @@ pub struct GuardStats {
     pub would_be_false_negatives: u64,
     /// Keys reported removed since the last rebuild.
     pub removed_since_rebuild: u64,
-    /// Share of checks that went on to the backend (`MaybePresent` or `Warming`).
+    /// Share of checks the guard let through (`MaybePresent` or `Warming`).
+    /// Not all of them reach the backend: a [`Verify`](crate::Verify) mode
+    /// trusts some positives, and a loader's confirmed-absent cache answers
+    /// others; in shadow mode `Absent` answers reach it too.
     pub pass_through_ratio: f64,
     /// False positives ÷ (false positives + `Absent` answers), since the
     /// last rebuild; `None` before any of either. With positives trusted
@@ -435,6 +448,12 @@ impl Guard {
         self.outcomes().since(baseline.outcomes)
     }
 }
+
+/// Outcomes since the last rebuild before an observed drift counts: fewer
+/// would let sampling noise trigger rebuilds (or spike the drift metric).
+const MIN_OBSERVED_OUTCOMES: u64 = 10_000;
+/// False positives since the last rebuild before an observed drift counts.
+const MIN_OBSERVED_FALSE_POSITIVES: u64 = 20;
 
 /// The trusted positives estimated false. Without a verified sample, from
 /// the fill: of the `absent / (1 - fpr)` absent keys checked, `fpr` passed

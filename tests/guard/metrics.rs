@@ -87,6 +87,13 @@ fn publish_reports_the_stats_with_the_guard_label_and_units() {
         get(PASS_THROUGH_RATIO, ""),
         Some(&DebugValue::Gauge(1.0.into()))
     );
+    // One false positive is no evidence of drift: the observed rate (100
+    // times the target) waits for enough answers, as the drift rebuild
+    // does, rather than spike the gauge.
+    match get(DRIFT_RATIO, "") {
+        Some(DebugValue::Gauge(drift)) => assert!(drift.0 < 1.0, "drift {drift}"),
+        other => panic!("drift: {other:?}"),
+    }
     for gauge in [FILL_RATIO, ESTIMATED_FPR, DRIFT_RATIO, MEMORY_BYTES] {
         match get(gauge, "") {
             Some(DebugValue::Gauge(value)) => assert!(value.0 > 0.0, "{gauge} = {value}"),
@@ -117,6 +124,26 @@ fn publish_reports_the_stats_with_the_guard_label_and_units() {
     }
     assert_eq!(units[REBUILD_DURATION_SECONDS], Some(Unit::Seconds));
     assert_eq!(units[CHECKS_TOTAL], Some(Unit::Count));
+}
+
+/// A rate with nothing to count yet (after a rebuild) is published as NaN:
+/// it was left out, and the exporter kept the value from before the
+/// rebuild.
+#[test]
+fn a_rate_with_nothing_counted_is_published_as_nan() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let guard = Guard::builder().name("idle").build().unwrap();
+    metrics::with_local_recorder(&recorder, || guard.publish_metrics());
+    let observed = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .find_map(|(key, _, _, value)| (key.key().name() == OBSERVED_FPR).then_some(value));
+    assert!(
+        matches!(observed, Some(DebugValue::Gauge(rate)) if rate.0.is_nan()),
+        "{observed:?}"
+    );
 }
 
 #[test]

@@ -41,14 +41,17 @@ pub const ESTIMATED_ITEMS: &str = "bloomguard_estimated_items";
 /// False-positive rate the fill implies.
 pub const ESTIMATED_FPR: &str = "bloomguard_estimated_false_positive_ratio";
 /// False positives ÷ (false positives + absent answers) since the last
-/// rebuild; NaN while there is none of either (after a rebuild, say).
+/// rebuild; NaN while there is none of either (after a rebuild, say), and
+/// for good where no positive is verified (`Verify::None`).
 pub const OBSERVED_FPR: &str = "bloomguard_observed_false_positive_ratio";
 /// Share of checks the guard let through (`maybe_present` or `warming`):
 /// see [`GuardStats::pass_through_ratio`](crate::GuardStats::pass_through_ratio)
 /// for the ones that do not reach the backend.
 pub const PASS_THROUGH_RATIO: &str = "bloomguard_pass_through_ratio";
 /// The larger of estimated and observed FPR over the target; the observed
-/// one once it rests on enough answers (as the drift rebuild's trigger).
+/// one as the drift rebuild's trigger takes it: once it rests on enough
+/// answers, and without the false positives a loader's confirmed-absent
+/// cache answered.
 pub const DRIFT_RATIO: &str = "bloomguard_drift_ratio";
 /// Live filters.
 pub const GENERATIONS: &str = "bloomguard_generations";
@@ -126,7 +129,7 @@ pub fn describe() {
     describe_gauge!(ESTIMATED_FPR, "False-positive rate implied by the fill");
     describe_gauge!(
         OBSERVED_FPR,
-        "False positives / (false positives + absent verdicts) since the last rebuild (NaN: none yet)"
+        "False positives / (false positives + absent verdicts) since the last rebuild (NaN: none yet, or none verified)"
     );
     describe_gauge!(
         PASS_THROUGH_RATIO,

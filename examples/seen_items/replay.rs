@@ -296,7 +296,7 @@ async fn sweep(run: &Run) -> Result<u64, String> {
         if gate.guard().is_fenced() {
             return Err(format!(
                 "instance {instance}'s fleet member is still fenced {SWEEP_CATCH_UP:?} after \
-                 the writes ended: its guard could not be checked"
+                 the final check reached it: its guard could not be checked"
             ));
         }
         swept += held.len() as u64;

@@ -43,7 +43,8 @@ pub struct Plan {
     pub k: u32,
     /// `bits / expected_items`.
     pub bits_per_key: f64,
-    /// The model's false-positive rate at `expected_items`; at most the target.
+    /// The model's false-positive rate at `expected_items`; at most the
+    /// target, except past 2^64 bits (see [`plan`]).
     pub predicted_fpr: f64,
 }
 
@@ -57,6 +58,9 @@ impl Plan {
 
 /// The smallest blocked filter (then the fewest probes) whose modelled
 /// false-positive rate at `expected_items` is at most `false_positive_rate`.
+/// Where that filter would pass 2^64 bits (some 10^18 items at 1 %), the
+/// largest filter of whole blocks, whose predicted rate misses the target:
+/// no memory budget admits it, and building it fails with `TooLarge`.
 ///
 /// ```
 /// let plan = bloomguard::plan(1_000_000, 0.01)?;

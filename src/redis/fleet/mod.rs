@@ -395,7 +395,7 @@ struct MemberState {
     /// Times the live set was replaced from a snapshot.
     replacements: u64,
     members: u64,
-    /// The stream's newest entry, as of the last read.
+    /// The stream's newest entry, as of the last read or renewal.
     stream_end: StreamPosition,
     lag_entries: u64,
 }
@@ -1023,6 +1023,13 @@ impl FleetSync {
                 state.stream_resets += 1;
                 state.settings_unchecked = true;
             }
+            // The newest entry known: a consumer that stopped reading
+            // showed no lag, since its last read had reached the end.
+            state.stream_end = if lost_data {
+                renewal.last
+            } else {
+                state.stream_end.max(renewal.last)
+            };
             if (!renewal.continuous || in_doubt || lost_data) && renewal.last > state.position {
                 // Writers may have counted this member out while its lease
                 // had lapsed: it must hold what they appended until now.
@@ -1365,6 +1372,16 @@ mod tests {
             holders,
             "the thread ended"
         );
+    }
+
+    /// The lag counts from the newest entry a renewal found too: it counted
+    /// from the last read's end only, and a member whose consumer stopped
+    /// reading showed none.
+    #[test]
+    fn the_lag_counts_from_the_newest_entry_a_renewal_found() {
+        let member = member(); // at 100-0
+        member.renewed(renewal(&member, true, 1)); // the stream ends at 200-0
+        assert_eq!(member.stats().lag, Duration::from_millis(100));
     }
 
     /// A rebuilt notice from the record before names a version the counter

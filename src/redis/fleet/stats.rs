@@ -74,7 +74,9 @@ pub struct FleetStats {
     /// Entries the last read found after the position (at least that many
     /// behind when it filled a whole read; 0 when caught up).
     pub lag_entries: u64,
-    /// How far the position is behind the stream's newest entry, on Redis's clock.
+    /// How far the position is behind the newest entry the member knows
+    /// of (from its last read or renewal, a quarter lease apart at most
+    /// while it reads), on Redis's clock.
     pub lag: Duration,
     /// Time since the lease was last renewed; `None` without a lease.
     pub lease_age: Option<Duration>,

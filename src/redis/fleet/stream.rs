@@ -365,7 +365,7 @@ impl FleetSync {
         }
         state.position = newest;
         state.last_read_at = Some(read_at);
-        state.stream_end = stream_end;
+        state.stream_end = state.stream_end.max(stream_end);
         // Behind by this read's entries (by at least that many when it
         // filled a whole read).
         state.lag_entries = entries as u64;

@@ -165,7 +165,7 @@ impl Outcome {
             format!("grew from a cold start to {} pairs", self.history_after)
         } else {
             format!(
-                "grew {:.1} % ({} → {} pairs)",
+                "grew {:.1} % ({} → {} pairs seen, expired ones included)",
                 100.0 * (self.history_after as f64 / self.history_before as f64 - 1.0),
                 self.history_before,
                 self.history_after

@@ -1,5 +1,10 @@
 //! A fleet of service instances that keeps the one rule together, through Redis.
 //!
+//! **To set one up**, see the example on [`FleetSync`]: every instance builds
+//! its guard with the same size, rate and seed, joins, and writes through
+//! [`FleetSync::insert_then_write`]. The rest of this page is the contract
+//! and how it holds through faults, for whoever operates the fleet.
+//!
 //! **The contract.** Once a fleet write completes —
 //! [`FleetSync::insert_then_write`] returned `Ok`, or
 //! [`FleetWrite::finish`] did after the store write — no member of the fleet

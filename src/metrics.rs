@@ -256,9 +256,7 @@ impl Guard {
         gauge!(OBSERVED_FPR, "guard" => name.clone()).set(stats.observed_fpr.unwrap_or(f64::NAN));
         gauge!(PASS_THROUGH_RATIO, "guard" => name.clone()).set(stats.pass_through_ratio);
         let drift = self
-            .outcomes_since_rebuild()
-            .asked()
-            .evidenced_fpr()
+            .evidenced_fpr_since_rebuild()
             .map_or(stats.estimated_drift, |observed| {
                 (observed / stats.target_fpr).max(stats.estimated_drift)
             });

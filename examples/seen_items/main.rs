@@ -489,13 +489,12 @@ impl Fleet {
     async fn join(store: &SeenStore, guards: &[Guard]) -> Result<Self, Box<dyn std::error::Error>> {
         #[cfg(feature = "redis")]
         if let (true, Backend::Redis(redis)) = (guards.len() > 1, store.backend()) {
-            let runtime = FleetRuntime(Some(
-                tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()?,
-            ));
-            let spawner = runtime.0.as_ref().expect("just built").handle().clone();
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            let spawner = runtime.handle().clone();
+            let runtime = FleetRuntime(Some(runtime));
             let mut members = Vec::new();
             let mut handles = Vec::new();
             for guard in guards {
@@ -504,17 +503,14 @@ impl Fleet {
                 handles.push(spawner.spawn(async move { joining.join().await }).await??);
                 members.push(member);
             }
-            let caught_up_by = tokio::time::Instant::now() + JOIN_CATCH_UP;
+            let deadline = std::time::Instant::now() + JOIN_CATCH_UP;
             for (instance, member) in members.iter().enumerate() {
-                while member.guard().is_fenced() {
-                    if tokio::time::Instant::now() >= caught_up_by {
-                        return Err(format!(
-                            "instance {instance}'s fleet member did not catch up within \
-                             {JOIN_CATCH_UP:?} of joining"
-                        )
-                        .into());
-                    }
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                if !replay::caught_up_by(member.guard(), deadline).await {
+                    return Err(format!(
+                        "instance {instance}'s fleet member did not catch up within \
+                         {JOIN_CATCH_UP:?} of joining"
+                    )
+                    .into());
                 }
             }
             println!("fleet: {} instances joined through Redis", members.len());

@@ -279,6 +279,18 @@ pub(crate) async fn run(
     })
 }
 
+/// Whether `guard`, a fleet member's, is unfenced (caught up with the
+/// fleet) by `deadline`, looked at every 10 ms.
+pub(crate) async fn caught_up_by(guard: &Guard, deadline: Instant) -> bool {
+    while guard.is_fenced() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
+}
+
 /// Checks every pair the store holds against every instance's guard, once
 /// the writes are done and the last rebuild has ended: the requests only
 /// meet the pairs their users are drawn for. A fenced member answers
@@ -289,11 +301,7 @@ async fn sweep(run: &Run) -> Result<u64, String> {
     let mut swept = 0;
     let held = run.workload.truth.held_at(Instant::now());
     for (instance, gate) in run.gates.iter().enumerate() {
-        let caught_up_by = Instant::now() + SWEEP_CATCH_UP;
-        while gate.guard().is_fenced() && Instant::now() < caught_up_by {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        if gate.guard().is_fenced() {
+        if !caught_up_by(gate.guard(), Instant::now() + SWEEP_CATCH_UP).await {
             return Err(format!(
                 "instance {instance}'s fleet member is still fenced {SWEEP_CATCH_UP:?} after \
                  the final check reached it: its guard could not be checked"

@@ -179,15 +179,8 @@ impl Guard {
             if stats.estimated_drift > threshold {
                 return Some("estimated drift");
             }
-            // Judged on the verified false positives' count (the evidence),
-            // at the rate that counts the trusted ones too; both as the
-            // backend answered them: one absent key a bot asks again and
-            // again, remembered by a loader's cache, is no drift, and a
-            // rebuild (same seed, same keys) would let it through again.
             if self
-                .outcomes_since_rebuild()
-                .asked()
-                .evidenced_fpr()
+                .evidenced_fpr_since_rebuild()
                 .is_some_and(|rate| rate > threshold * self.inner.target_fpr)
             {
                 return Some("observed drift");

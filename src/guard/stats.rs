@@ -442,10 +442,19 @@ impl Guard {
         }
     }
 
-    /// The outcomes counted since the live filters were last rebuilt.
-    pub(crate) fn outcomes_since_rebuild(&self) -> Outcomes {
+    /// The false-positive rate observed since the live filters were last
+    /// rebuilt, as the drift rebuild's trigger and the drift gauge take it:
+    /// judged on the verified false positives' count (the evidence), at the
+    /// rate that counts the trusted ones too; both as the backend answered
+    /// them: one absent key a bot asks again and again, remembered by a
+    /// loader's cache, is no drift, and a rebuild (same seed, same keys)
+    /// would let it through again.
+    pub(crate) fn evidenced_fpr_since_rebuild(&self) -> Option<f64> {
         let baseline = self.history().baseline;
-        self.outcomes().since(baseline.outcomes)
+        self.outcomes()
+            .since(baseline.outcomes)
+            .asked()
+            .evidenced_fpr()
     }
 }
 

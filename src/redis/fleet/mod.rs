@@ -991,7 +991,7 @@ impl FleetSync {
             }
             state.renewal_taken = renewal.token;
             let lease = self.inner.settings.lease;
-            state.fence_at = Some(renewal.sent_at + lease - lease / 8);
+            state.fence_at = Some(renewal.sent_at + fence_after(lease));
             state.renewed_at = Some(renewal.sent_at);
             state.members = renewal.members;
             let in_doubt = std::mem::take(&mut state.lease_in_doubt);
@@ -1266,6 +1266,12 @@ impl Drop for UnfinishedJoin {
     }
 }
 
+/// How long after sending a renewal a member fences itself unless renewed
+/// again: its lease, an eighth early (the margin of the clock assumption).
+fn fence_after(lease: Duration) -> Duration {
+    lease - lease / 8
+}
+
 /// Runs `work` on tokio's blocking pool. A member's tasks run as one (its
 /// consumer, lease renewals and publisher): work as long as encoding or
 /// decoding a whole set, run among them, held the renewals and the stream
@@ -1350,7 +1356,7 @@ mod tests {
         let watch = member.watch_lease().unwrap();
         let lease = member.inner.settings.lease;
         let fence_soon = |after: Duration| Renewal {
-            sent_at: Instant::now() + after - (lease - lease / 8),
+            sent_at: Instant::now() + after - fence_after(lease),
             ..renewal(&member, true, 1)
         };
         member.renewed(fence_soon(Duration::from_millis(200)));

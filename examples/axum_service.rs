@@ -222,7 +222,11 @@ pub(crate) fn guard_over(store: &Store) -> Guard {
 }
 
 /// The service: the guard answers absent ids before the read handler runs,
-/// and learns every id before the write handler stores it.
+/// and learns every id before the write handler stores it. Built without
+/// the `axum` feature, the layers key every path under `Router::layer` by
+/// the template: a static route beside it (`/items/featured`) would be
+/// keyed as an id and answered 404; with such routes, turn the feature on
+/// or layer the template's route alone.
 pub(crate) fn app(store: Arc<Store>, guard: Guard, prometheus: PrometheusHandle) -> Router {
     let item_id = |method| PathKey::route(ITEM_ROUTE).method(method);
     let items = Router::new()

@@ -275,6 +275,10 @@ impl fmt::Debug for PgSource {
 /// guard holding `'A'` answers absent without asking. [`PgSource`] refuses
 /// such a column; the loader cannot, since the guard answers before it runs.
 ///
+/// A pool over a read replica answers from it: its lag must fit the
+/// guard's write settle, or a read just after a write misses it (and a
+/// confirmed-absent cache keeps the miss).
+///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use bloomguard::{Guard, GuardedLoader, postgres::{PgLoader, PgSource}};

@@ -184,6 +184,14 @@ fn manifest(connection: &mut redis::Connection, fleet: &str) -> String {
         .unwrap()
 }
 
+/// How many entries the fleet's stream holds.
+fn stream_length(connection: &mut redis::Connection, fleet: &str) -> u64 {
+    redis::cmd("XLEN")
+        .arg(format!("{{{fleet}}}:inserts"))
+        .query(connection)
+        .unwrap()
+}
+
 /// The stream position a manifest's snapshot covers.
 fn manifest_position(manifest: &str) -> StreamPosition {
     manifest.split(' ').next().unwrap().parse().unwrap()
@@ -323,15 +331,13 @@ async fn a_member_whose_runtime_is_blocked_fences_itself_when_its_lease_lapses()
     let a = join(guard("a"), server.client(), "blocked").await;
     caught_up(&a).await;
     // `b` runs on a runtime of its own: one thread, which the test blocks
-    // for longer than a lease.
+    // until it has checked b's answers (longer than a lease).
     let (joined, b_joined) = tokio::sync::oneshot::channel::<Guard>();
     let (block, blocked) = tokio::sync::oneshot::channel::<()>();
-    let (blocking, unblocked) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-    );
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let blocking = Arc::new(AtomicBool::new(false));
     let b_thread = {
-        let (client, blocking, unblocked) = (server.client(), blocking.clone(), unblocked.clone());
+        let (client, blocking) = (server.client(), blocking.clone());
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -343,8 +349,8 @@ async fn a_member_whose_runtime_is_blocked_fences_itself_when_its_lease_lapses()
                 joined.send(b.guard().clone()).unwrap();
                 blocked.await.unwrap();
                 blocking.store(true, Ordering::SeqCst);
-                std::thread::sleep(LEASE * 4);
-                unblocked.store(true, Ordering::SeqCst);
+                // Returns at once should the test fail (the sender dropped).
+                let _ = released.recv_timeout(Duration::from_secs(60));
                 caught_up(&b).await;
                 b.handle.shutdown().await;
             });
@@ -362,10 +368,6 @@ async fn a_member_whose_runtime_is_blocked_fences_itself_when_its_lease_lapses()
         .unwrap();
     assert_eq!(written, 50, "writes go on without the blocked member");
     let answers: Vec<Verdict> = ledger.completed().iter().map(|key| b.check(key)).collect();
-    assert!(
-        !unblocked.load(Ordering::SeqCst),
-        "the writes outlasted the block: the test shows nothing"
-    );
     let absent = answers.iter().filter(|&&v| v == Verdict::Absent).count();
     assert_eq!(
         absent, 0,
@@ -373,6 +375,7 @@ async fn a_member_whose_runtime_is_blocked_fences_itself_when_its_lease_lapses()
     );
     assert!(b.is_fenced());
 
+    release.send(()).unwrap();
     tokio::task::spawn_blocking(move || b_thread.join().unwrap())
         .await
         .unwrap();
@@ -482,11 +485,7 @@ async fn a_write_waiting_when_redis_lost_its_data_is_not_confirmed_by_the_new_st
         async move { writer.begin_write("in-flight").await }
     });
     wait_until("the write to be appended", || {
-        redis::cmd("XLEN")
-            .arg("{inflight}:inserts")
-            .query::<u64>(&mut connection)
-            .unwrap()
-            > 0
+        stream_length(&mut connection, "inflight") > 0
     })
     .await;
     let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
@@ -521,6 +520,69 @@ async fn a_write_waiting_when_redis_lost_its_data_is_not_confirmed_by_the_new_st
         }
         Err(error) => assert!(matches!(error, FleetError::EntryLost), "{error}"),
     }
+}
+
+/// A member catching up (fenced until it reaches the stream's end its
+/// renewal saw) whose read ran after Redis lost its data read the new
+/// stream's first entry, later in Redis's clock than that end, and took
+/// the target as reached: it unfenced, lacking every entry it had yet to
+/// apply, and answered `Absent` for their keys. A read under another fleet
+/// record than the one it began under now moves nothing, and the member
+/// stays fenced until its renewal sees the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_of_the_stream_after_a_loss_does_not_end_a_catch_up() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let mut connection = server.client().get_connection().unwrap();
+    // A lease long enough for the test's steps before the joiner would
+    // fence itself anyway.
+    let settings =
+        |builder: FleetSyncBuilder| builder.lease(Duration::from_secs(4)).stream_max_len(50);
+    let a = join_with(guard("a"), server.client(), "caught", settings).await;
+    for key in keys("before", 200) {
+        a.fleet.insert_then_write(&key, async {}).await.unwrap();
+    }
+    // The joiner starts from this snapshot, then reads the entry after it.
+    a.fleet.publish_snapshot().await.unwrap();
+    let snapshot_at = manifest_position(&manifest(&mut connection, "caught"));
+    a.fleet
+        .insert_then_write("after the snapshot", async {})
+        .await
+        .unwrap();
+
+    // The joiner's first read after the snapshot is held: its join's
+    // renewal set the catch-up target, and it has applied nothing after the
+    // snapshot. (The read names the position, then its count of 1,000
+    // entries; no other command names the two in a row. Its renewals wait
+    // for the read too.)
+    let first_read = format!("{snapshot_at}\r\n$4\r\n1000\r\n");
+    proxy.stall_at(first_read.as_bytes(), StallAt::Before);
+    let b = join_with(guard("b"), proxy.client(), "caught", settings).await;
+    wait_until("b's read to stall", || proxy.is_stalled()).await;
+    assert!(b.guard().is_fenced());
+    let () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+    // The new stream's first entry, later than anything before the loss
+    // (the write itself waits out the new record's first lease).
+    let write = tokio::spawn({
+        let writer = a.fleet.clone();
+        async move {
+            writer
+                .insert_then_write("on the new stream", async {})
+                .await
+        }
+    });
+    wait_until("the new stream's first entry", || {
+        stream_length(&mut connection, "caught") > 0
+    })
+    .await;
+    proxy.resume();
+    caught_up(&b).await;
+    assert_eq!(
+        b.guard().check("after the snapshot"),
+        Verdict::MaybePresent,
+        "a completed write answered Absent by a member that never applied it"
+    );
+    write.await.unwrap().unwrap();
 }
 
 /// After Redis lost its data, the keys acknowledged before are only in the
@@ -1051,6 +1113,34 @@ async fn members_replay_a_trimmed_stream_kept_across_a_new_record() {
                 "{change}: {key}"
             );
         }
+    }
+}
+
+/// A member's notices subscription gone silent (its peer gone without a
+/// reset, a NAT or load balancer dropping the idle connection) was never
+/// noticed: the member heard no request for a snapshot again, and a
+/// joiner behind the trimmed stream, which only that member could serve,
+/// stayed fenced. The subscription is now pinged every lease and made
+/// again when no answer comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_notices_go_silent_subscribes_again() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    proxy.mark(b"SUBSCRIBE");
+    let short = |builder: FleetSyncBuilder| builder.stream_max_len(50);
+    let b = join_with(guard("b"), proxy.client(), "silent", short).await;
+    caught_up(&b).await;
+    let written: Vec<String> = (0..200).map(|n| format!("silent:{n}")).collect();
+    for key in &written {
+        b.fleet.insert_then_write(key, async {}).await.unwrap();
+    }
+    assert!(proxy.silence_marked() >= 1, "b's subscription");
+    // Past the trimmed stream, `c` needs a snapshot, which only `b` can
+    // publish; `c` asks for one every lease.
+    let c = join_with(guard("c"), server.client(), "silent", short).await;
+    caught_up(&c).await;
+    for key in &written {
+        assert_eq!(c.guard().check(key), Verdict::MaybePresent, "{key}");
     }
 }
 
@@ -1987,6 +2077,36 @@ async fn a_key_source_that_panics_gives_the_rebuild_turn_back() {
     assert_eq!(holder, None, "the rebuild turn outlived the panic");
 }
 
+/// A member finding the rebuild turn taken in its own name takes it. That
+/// is what the cluster client's resent `SET NX` finds when the first run
+/// took the turn and its reply was lost, and what a give-back that failed
+/// leaves: the member read the turn as another's and did not rebuild until
+/// it expired (10 minutes by default), nor did any other member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_finding_the_rebuild_turn_in_its_own_name_takes_it() {
+    let server = RedisServer::start();
+    let guard = rebuilding_often(Arc::new(FailsWhenTold {
+        failing: std::sync::atomic::AtomicBool::new(false),
+    }));
+    guard.rebuild().await.unwrap();
+    let a = join(guard, server.client(), "own").await;
+    caught_up(&a).await;
+    let _: () = redis::cmd("SET")
+        .arg("{own}:rebuild:lock")
+        .arg(a.fleet.member())
+        .arg("PX")
+        .arg(600_000)
+        .query(&mut server.client().get_connection().unwrap())
+        .unwrap();
+    let rebuilt = a.guard().stats().rebuilds.succeeded;
+    let maintenance = a.guard().spawn_maintenance();
+    wait_until("a rebuild on the member's own turn", || {
+        a.guard().stats().rebuilds.succeeded > rebuilt
+    })
+    .await;
+    maintenance.shutdown().await;
+}
+
 /// The maintenance task's shutdown returns after the rebuild turn is given
 /// back. It used to be given back by a task of its own, which the runtime's
 /// end (a rolling deploy: shut down, then exit) aborted: the turn stayed
@@ -2084,6 +2204,38 @@ async fn chunks_of_an_interrupted_publish_expire_and_a_manifests_do_not() {
     assert!(!named.is_empty());
     for chunk in &named {
         assert_eq!(ttl(chunk), -1, "{chunk}, named by the manifest, expires");
+    }
+}
+
+/// A publish cut off after switching the manifest left the replaced
+/// snapshot's chunks in Redis for good: they were kept (`PERSIST`) once
+/// their own manifest named them, and only the clean-up after the switch
+/// deleted them. The switch now lets them expire like unnamed chunks, and
+/// the clean-up deletes them sooner when it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_a_switch_replaced_expire_when_its_clean_up_is_cut_off() {
+    let BehindAProxy {
+        server, proxy, b, ..
+    } = behind_a_proxy("replaced", |builder| builder).await;
+    b.fleet.publish_snapshot().await.unwrap();
+    let mut admin = server.client().get_connection().unwrap();
+    let replaced = manifest(&mut admin, "replaced");
+    let replaced_chunks = chunks_named("replaced", &replaced);
+    // The clean-up is the first command to name the replaced chunks.
+    proxy.stall_at(replaced_chunks[0].as_bytes(), StallAt::Before);
+    let publishing = tokio::spawn({
+        let fleet = b.fleet.clone();
+        async move { fleet.publish_snapshot().await }
+    });
+    wait_until("the clean-up to stall", || proxy.is_stalled()).await;
+    proxy.cut();
+    proxy.resume();
+    let published = publishing.await.unwrap();
+    assert!(published.is_err(), "{published:?}");
+    assert_ne!(manifest(&mut admin, "replaced"), replaced, "switched");
+    for chunk in &replaced_chunks {
+        let ttl: i64 = redis::cmd("PTTL").arg(chunk).query(&mut admin).unwrap();
+        assert!(ttl > 0, "{chunk}, named by no manifest, kept (PTTL {ttl})");
     }
 }
 
@@ -2304,6 +2456,10 @@ async fn on_a_cluster_the_fleet_keeps_its_contract_across_a_failover() {
     for member in [&a, &b, &c] {
         caught_up(member).await;
     }
+    // A snapshot replacing another: the switch names the replaced chunks'
+    // keys itself, which a cluster node serves as keys of the script's slot.
+    a.fleet.publish_snapshot().await.unwrap();
+    a.fleet.publish_snapshot().await.unwrap();
     let ledger = Ledger::default();
     let audit = audit(&ledger, vec![b.guard().clone(), c.guard().clone()]);
     assert_eq!(
@@ -2356,6 +2512,86 @@ async fn on_a_cluster_the_fleet_keeps_its_contract_across_a_failover() {
         }
     }
     drop(cluster);
+}
+
+/// An append counts only once a replica holds it. Its `WAIT` went out on
+/// its own: when Redis dropped the connection the `WAIT` blocked on, the
+/// cluster client sent it again on a new connection, which had written
+/// nothing, so it counted every connected replica at once. The store write
+/// ran though no replica held its append, and a failover to that replica
+/// would have lost the insert from the fleet's stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_is_not_counted_as_replicated_by_a_wait_resent_on_a_new_connection() {
+    let cluster = common::redis_cluster::RedisCluster::start();
+    // Long enough for the test to find the `WAIT` (half a lease) blocked.
+    let lease = Duration::from_secs(4);
+    let fleet = FleetSync::cluster_builder(guard("a"), &cluster.urls(), "waited")
+        .unwrap()
+        .lease(lease)
+        .wait_for_replicas(1)
+        .build();
+    let handle = fleet.join().await.unwrap();
+    let a = Member { fleet, handle };
+    caught_up(&a).await;
+
+    let master = cluster.master_of("{waited}:inserts");
+    let [replica] = cluster.replicas_of(master)[..] else {
+        panic!("one replica per master")
+    };
+    let mut on_master = redis::Client::open(format!("redis://127.0.0.1:{master}/"))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let appended_before = stream_length(&mut on_master, "waited");
+    cluster.pause(replica);
+    let write = {
+        let fleet = a.fleet.clone();
+        tokio::spawn(async move { fleet.insert_then_write("unreplicated", async {}).await })
+    };
+    // Drop the member's connection to the master while the `WAIT` after
+    // the append blocks. A renewal's may block before it, up to half a
+    // lease: the connection runs its commands in order, so the append has
+    // run once the stream is longer, and any `WAIT` blocked then is after it.
+    let waiting = tokio::task::block_in_place(|| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let appended = stream_length(&mut on_master, "waited") > appended_before;
+            let clients: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .query(&mut on_master)
+                .unwrap();
+            let blocked = clients.lines().find_map(|client| {
+                let field =
+                    |name: &str| client.split(' ').find_map(|field| field.strip_prefix(name));
+                (field("cmd=") == Some("wait")).then(|| field("id=").unwrap().to_owned())
+            });
+            if let Some(id) = blocked.filter(|_| appended) {
+                return id;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no WAIT blocked on the master: {clients}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+    let killed: u64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(&waiting)
+        .query(&mut on_master)
+        .unwrap();
+    assert_eq!(killed, 1, "the connection blocked in WAIT");
+    let written = write.await.unwrap();
+    let replication: String = redis::cmd("INFO")
+        .arg("replication")
+        .query(&mut on_master)
+        .unwrap();
+    cluster.resume(replica);
+    assert!(
+        matches!(written, Err(FleetWriteError::NotWritten(_))),
+        "the store write ran ({written:?}) though no replica held its append: {replication}"
+    );
 }
 
 /// A join waits out a young record's lease, and retries Redis for as long:

@@ -1,8 +1,9 @@
 //! Model checks of the filter's concurrent paths under every interleaving loom
-//! explores. Run with:
+//! explores. Run with (`--lib` adds the models beside the read sections and
+//! the insert/rebuild handshake in `src/guard`):
 //!
 //! ```text
-//! RUSTFLAGS="--cfg bloomguard_loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom
+//! RUSTFLAGS="--cfg bloomguard_loom" CARGO_TARGET_DIR=target/loom cargo test --release --lib --test loom
 //! ```
 #![cfg(bloomguard_loom)]
 

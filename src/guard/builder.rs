@@ -76,9 +76,10 @@ impl GuardBuilder {
     pub const DEFAULT_MAINTENANCE_INTERVAL: Duration = Duration::from_secs(1);
 
     /// How often the maintenance task evaluates the rebuild triggers and
-    /// (with the `metrics` feature) publishes metrics. Rotations do not
-    /// wait for this tick, but do wait for a rebuild or a staleness check
-    /// the task is running (see [`Lifecycle::Rotate`](crate::Lifecycle::Rotate)).
+    /// (with the `metrics` feature) publishes metrics. Rotations and the
+    /// retry of a failed rebuild (after its backoff) do not wait for this
+    /// tick, but rotations do wait for a rebuild or a staleness check the
+    /// task is running (see [`Lifecycle::Rotate`](crate::Lifecycle::Rotate)).
     pub fn maintenance_interval(mut self, interval: Duration) -> Self {
         self.maintenance_interval = interval;
         self
@@ -139,8 +140,9 @@ impl GuardBuilder {
     /// ([`RebuildError::Config`](crate::RebuildError::Config)), even on a
     /// [growing](crate::Lifecycle::Grow) guard whose generations each fit.
     /// The live filters keep serving, or the guard stays warming if none
-    /// was built yet. Leave room for the headroom: at least `headroom` times
-    /// the store's filter.
+    /// was built yet, until the store fits again (each retry reads it).
+    /// Leave room for the headroom: at least `headroom` times the store's
+    /// filter.
     pub fn max_bytes(mut self, max_bytes: u64) -> Self {
         self.filters = self.filters.max_bytes(max_bytes);
         self

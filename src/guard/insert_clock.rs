@@ -22,7 +22,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use tokio::time::Instant;
 
-/// 4096 stripes (32 KiB): with 10,000 inserts a second, a stripe sees one
+/// 4096 stripes (48 KiB: a stamp and a pending count each): with 10,000
+/// inserts a second, a stripe sees one
 /// every 0.4 s, so a hot false positive is re-asked about that often.
 const STRIPES: usize = 1 << 12;
 

@@ -420,10 +420,13 @@ impl Task {
             // Sets replaced while a check was preempted mid-read wait here.
             guard.inner.live.reclaim(Some(super::sections::GRACE_WAIT));
 
-            let next_tick = Instant::now() + self.interval;
-            let wake_at = guard
-                .next_rotation()
-                .map_or(next_tick, |at| at.min(next_tick));
+            let now = Instant::now();
+            // A retry waits for its backoff, not for the tick after it.
+            let retry_at = self.retry_at.filter(|&at| at > now);
+            let wake_at = [guard.next_rotation(), retry_at]
+                .into_iter()
+                .flatten()
+                .fold(now + self.interval, Instant::min);
             // Holding the guard while asleep would keep it alive forever.
             drop(guard);
             let woken = self.wake.notified();

@@ -30,6 +30,7 @@ use super::Guard;
 use super::live::{Generation, Shadow};
 use super::source::KeySource;
 use super::writes::WriteTracker;
+use crate::error::SourceError;
 use crate::filter::AtomicBloom;
 
 /// Reads of the source per rebuild, at most (see the module docs).
@@ -194,9 +195,12 @@ impl Guard {
 
     /// The capacity for the best count at hand before reading the source:
     /// the last whole pass's, or what the live filters' fill implies,
-    /// whichever is larger. The estimate only within the memory budget: the
-    /// fill counts deleted keys too, and a guess over the budget would fail
-    /// every retry the same way. (A count over it fails at once.)
+    /// whichever is larger, within the memory budget. A guess over it would
+    /// fail every retry the same way before reading the source, so a store
+    /// that outgrew the budget once (or a fill that counts deleted keys)
+    /// would keep the guard from ever rebuilding; within it, each retry
+    /// reads the store, fails at the second pass while the store is too
+    /// large, and succeeds once it fits.
     fn first_guess_capacity(&self, fp_rate: f64) -> u64 {
         let last_counted = self.history().last_counted.unwrap_or(0);
         let live = self.inner.live.load();
@@ -206,8 +210,8 @@ impl Guard {
             .map(|g| g.filter.stats().estimated_items)
             .sum();
         let estimated = self.capacity_for(estimated as u64);
-        self.capacity_for(last_counted)
-            .max(self.inner.filters.fitting(estimated, fp_rate))
+        let guess = self.capacity_for(last_counted).max(estimated);
+        self.inner.filters.fitting(guess, fp_rate)
     }
 
     /// Waits until every insert begun before the shadow was installed has
@@ -365,11 +369,14 @@ impl Attempt<'_> {
 impl Drop for Attempt<'_> {
     fn drop(&mut self) {
         if !self.finished {
-            let report = self.report(
-                RebuildOutcome::Cancelled,
-                None,
-                Some(RebuildError::Cancelled),
-            );
+            // Unwinding: a bug (most likely the key source's), not a shutdown.
+            let (outcome, error) = if std::thread::panicking() {
+                let panicked = SourceError::new("the rebuild panicked (see the panic's message)");
+                (RebuildOutcome::Failed, RebuildError::Source(panicked))
+            } else {
+                (RebuildOutcome::Cancelled, RebuildError::Cancelled)
+            };
+            let report = self.report(outcome, None, Some(error));
             self.guard.record_attempt(report, None);
         }
     }

@@ -151,7 +151,11 @@ impl<F> fmt::Debug for KeyFn<F> {
 /// - Without the feature, only a path the layer sees that is the whole
 ///   template is keyed (a layer outside a `nest` then lets the nest's
 ///   requests through unguarded: give it the whole template,
-///   `/api/items/{id}`).
+///   `/api/items/{id}`). It cannot tell what a `nest` stripped: a layer
+///   inside `nest("/users/{u}", …)` keys `/items/{id}`'s id alone, while
+///   the handler gets both captures and may store another key. Put the
+///   layers above such a nest with the whole template, turn the feature
+///   on, or key with a [`key_fn`] that reads both.
 ///
 /// An [`InsertLayer`](crate::InsertLayer) keys a write wherever the path
 /// ends with the template from its parameter on (the literals before it
@@ -214,8 +218,12 @@ impl PathKey {
     /// `"/users/{user}/seen"`).
     ///
     /// # Panics
-    /// If the template does not start with `/` or has no parameter or more
-    /// than one: a programming error, caught where the route is declared.
+    /// If the template does not start with `/`, has no parameter or more
+    /// than one, or a wildcard (`{*path}`), whose id spans segments: a
+    /// programming error, caught where the route is declared. Key a
+    /// wildcard route with a [`key_fn`] that reads what the handler stores,
+    /// and never under a `{id}` template (the guard would key one segment
+    /// of an id that may hold several).
     pub fn route(template: &str) -> Self {
         let rest = template
             .strip_prefix('/')
@@ -223,6 +231,10 @@ impl PathKey {
         let segments: Vec<Option<String>> = rest
             .split('/')
             .map(|segment| {
+                assert!(
+                    !segment.starts_with("{*"),
+                    "route {template:?}: a wildcard's id spans segments, which PathKey does not key"
+                );
                 let is_parameter = segment.starts_with('{') && segment.ends_with('}');
                 (!is_parameter).then(|| segment.to_owned())
             })
@@ -258,7 +270,11 @@ impl PathKey {
 
     /// Turns the decoded parameter into the key the store uses (a prefix,
     /// a namespace). Use the same function where the handler builds the
-    /// store key. The key is then owned: one allocation per guarded request.
+    /// store key, on the [`InsertLayer`](crate::InsertLayer)'s `PathKey`
+    /// too, and make the key source list the same keys: a guard whose
+    /// reads are mapped and whose inserts are not answers 404 for every
+    /// new item until a rebuild. The key is then owned: one allocation per
+    /// guarded request.
     #[must_use]
     pub fn map(mut self, to_key: fn(&str) -> String) -> Self {
         self.map = Some(to_key);
@@ -688,15 +704,18 @@ impl<K, ResBody> GuardLayer<HttpPolicy<K, ResBody>> {
     /// use tower::ServiceExt;
     ///
     /// let guard = Guard::builder().expected_items(1_000).build()?;
+    /// guard.insert("7"); // the one stored item (a real guard has a source)
     /// let app: Router = Router::new()
-    ///     .route("/items/{id}", get(|| async { "an item" }))
+    ///     .route("/items/{id}", get(|axum::extract::Path(id): axum::extract::Path<String>| async move {
+    ///         if id == "7" { Ok("item 7") } else { Err(axum::http::StatusCode::NOT_FOUND) }
+    ///     }))
     ///     .layer(
     ///         GuardLayer::for_http(guard, PathKey::route("/items/{id}"))
     ///             .with_absent_header(HeaderName::from_static("x-bloomguard"), HeaderValue::from_static("absent")),
     ///     );
-    /// let response = app.oneshot(Request::get("/items/7").body(Body::empty())?).await?;
+    /// let response = app.oneshot(Request::get("/items/8").body(Body::empty())?).await?;
     /// assert_eq!(response.status(), 404);
-    /// assert_eq!(response.headers()["x-bloomguard"], "absent");
+    /// assert_eq!(response.headers()["x-bloomguard"], "absent"); // not the handler's 404
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
@@ -719,9 +738,12 @@ impl<K, ResBody> GuardLayer<HttpPolicy<K, ResBody>> {
     /// use bloomguard::{Guard, GuardLayer, Verify, layer::PathKey};
     ///
     /// let guard = Guard::builder().expected_items(1_000).build()?;
+    /// guard.insert("u1:i9"); // the pairs seen (a real guard has a source)
     /// let seen = PathKey::route("/seen/{pair}").method(Method::GET);
     /// let app: Router = Router::new()
-    ///     .route("/seen/{pair}", get(|| async { StatusCode::OK }))
+    ///     .route("/seen/{pair}", get(|axum::extract::Path(pair): axum::extract::Path<String>| async move {
+    ///         if pair == "u1:i9" { StatusCode::OK } else { StatusCode::NOT_FOUND } // the store's answer
+    ///     }))
     ///     .layer(GuardLayer::for_http(guard, seen).verify(Verify::Sample(0.01), || {
     ///         axum::http::Response::new(axum::body::Body::empty()) // 200: seen
     ///     })?);
@@ -771,7 +793,16 @@ impl<K: Clone, ResBody> Clone for HttpPolicy<K, ResBody> {
 
 #[cfg(all(test, feature = "axum"))]
 mod tests {
-    use super::captures;
+    use super::{PathKey, captures};
+
+    /// A catch-all's id spans segments: the guard keyed its last segment
+    /// only, the insert layer nothing, and the guard answered 404 for what
+    /// the handler stored (without the `axum` feature).
+    #[test]
+    #[should_panic(expected = "wildcard")]
+    fn a_wildcard_template_is_refused() {
+        let _ = PathKey::route("/files/{*path}");
+    }
 
     #[test]
     fn every_unescaped_brace_opens_a_capture() {

@@ -33,6 +33,11 @@
 //! turns that on) and shows no insert of the key since the call began
 //! (minus the write settle), waiters take the "not found"; otherwise they
 //! share one more call, begun after all of them.
+//!
+//! So a backend call that never returns holds every later call of its key
+//! (until its first caller is cancelled): bound the loader's calls, as
+//! [`RedisLoader`](crate::redis::RedisLoader) and `PgLoader` do (1 s
+//! unless told).
 //! (Kept by hand rather than moka's `try_get_with`, which caches the value:
 //! a guard in front of a store must not; this keeps only the call in flight.)
 

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Client, RedisError, Value};
 use tokio::sync::OnceCell;
 
@@ -102,33 +102,6 @@ impl redis::aio::ConnectionLike for Live {
             Self::Node(manager) => manager.get_db(),
             Self::Pass(connection) => connection.get_db(),
             Self::Cluster(cluster, _) => cluster.get_db(),
-        }
-    }
-}
-
-impl Live {
-    /// `WAIT replicas timeout` on the node serving `key`: how many replicas
-    /// acknowledged every write this connection made to it. Keep `timeout`
-    /// under the connection's response timeout, which bounds the call too
-    /// (a cluster's connection has none of its own).
-    async fn wait_for_replicas(
-        &mut self,
-        key: &str,
-        replicas: usize,
-        timeout: Duration,
-    ) -> Result<usize, RedisError> {
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(replicas).arg(timeout.as_millis() as u64);
-        match self {
-            Self::Node(manager) => wait.query_async(manager).await,
-            Self::Pass(connection) => wait.query_async(connection).await,
-            Self::Cluster(cluster, response_timeout) => {
-                let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                let acknowledged =
-                    within(*response_timeout, cluster.route_command(wait, routing)).await?;
-                Ok(redis::from_redis_value(acknowledged)?)
-            }
         }
     }
 }
@@ -1011,7 +984,10 @@ impl RedisLoader {
     /// Reads key `k` from Redis Cluster key `k`: `GET` is routed to the
     /// node serving the key, and a batch's `MGET` is split by slot and
     /// joined again by the cluster connection (one call on the caller's
-    /// side). Follows failovers on its own.
+    /// side). Follows failovers on its own. A client that reads from
+    /// replicas answers from them: their lag must fit the guard's write
+    /// settle, or a read just after a write misses it (and a
+    /// confirmed-absent cache keeps the miss).
     pub fn cluster(client: ClusterClient) -> Self {
         Self {
             connection: Connection::cluster(client, Self::DEFAULT_TIMEOUT),

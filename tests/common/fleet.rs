@@ -144,7 +144,6 @@ impl Audit {
             report.absent.len(),
             &report.absent[..report.absent.len().min(5)]
         );
-        assert!(report.rounds >= 1);
         report
     }
 }

@@ -61,11 +61,17 @@ impl RedisCluster {
             ports[0]
         ));
         std::fs::create_dir_all(&dir).unwrap();
-        let nodes = ports
-            .iter()
-            .map(|&port| Some(spawn_node(port, &dir, node_args)))
-            .collect();
-        let cluster = Self { ports, nodes, dir };
+        let mut cluster = Self {
+            ports,
+            nodes: Vec::new(),
+            dir,
+        };
+        // One by one into the cluster, whose drop kills those started
+        // should a later one fail to start.
+        for port in cluster.ports.clone() {
+            let node = spawn_node(port, &cluster.dir, node_args);
+            cluster.nodes.push(Some(node));
+        }
         for &port in &cluster.ports {
             cluster.wait_for(port, "a node to answer", |_| true);
         }
@@ -131,10 +137,7 @@ impl RedisCluster {
         nodes
             .lines()
             .filter(|line| is_serving_master(line) && line.split(' ').count() > 8)
-            .filter_map(|line| {
-                let address = line.split(' ').nth(1)?;
-                address.split('@').next()?.rsplit(':').next()?.parse().ok()
-            })
+            .filter_map(port_of)
             .collect()
     }
 
@@ -152,7 +155,7 @@ impl RedisCluster {
                     matches!((first.parse::<u16>(), last.parse::<u16>()), (Ok(a), Ok(b)) if (a..=b).contains(&slot))
                 })
             })
-            .and_then(|line| line.split(' ').nth(1)?.split('@').next()?.rsplit(':').next()?.parse().ok())
+            .and_then(port_of)
             .expect("a master serves the slot")
     }
 
@@ -164,10 +167,45 @@ impl RedisCluster {
     /// Kills the node on `port` (SIGKILL, by PID).
     pub(crate) fn kill(&mut self, port: u16) {
         let index = self.ports.iter().position(|&p| p == port).unwrap();
-        if let Some(mut child) = self.nodes[index].take() {
+        if let Some(mut child) = self.nodes.get_mut(index).and_then(Option::take) {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// The ports of `master`'s replicas.
+    pub(crate) fn replicas_of(&self, master: u16) -> Vec<u16> {
+        let nodes = self.nodes();
+        let master_id = nodes
+            .lines()
+            .find(|line| port_of(line) == Some(master))
+            .and_then(|line| line.split(' ').next())
+            .expect("the master is a node of the cluster");
+        nodes
+            .lines()
+            .filter(|line| line.split(' ').nth(3) == Some(master_id))
+            .filter_map(port_of)
+            .collect()
+    }
+
+    /// Stops the node on `port` (SIGSTOP, by PID) until [`resume`](Self::resume):
+    /// its connections stay open and its master still counts it a
+    /// connected replica, but it reads and acknowledges nothing.
+    pub(crate) fn pause(&self, port: u16) {
+        self.signal(port, libc::SIGSTOP);
+    }
+
+    pub(crate) fn resume(&self, port: u16) {
+        self.signal(port, libc::SIGCONT);
+    }
+
+    fn signal(&self, port: u16, signal: libc::c_int) {
+        let index = self.ports.iter().position(|&p| p == port).unwrap();
+        let pid = self.nodes[index].as_ref().expect("a live node").id();
+        // SAFETY: kill(2) with the PID of a child this cluster started and
+        // has not reaped (it is still in `nodes`), so the PID is not reused.
+        let sent = unsafe { libc::kill(pid as libc::pid_t, signal) };
+        assert_eq!(sent, 0, "{}", std::io::Error::last_os_error());
     }
 
     /// Waits until the cluster serves every slot again (after a failover).
@@ -235,6 +273,12 @@ impl Drop for RedisCluster {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The client port of a `CLUSTER NODES` line's node.
+fn port_of(line: &str) -> Option<u16> {
+    let address = line.split(' ').nth(1)?;
+    address.split('@').next()?.rsplit(':').next()?.parse().ok()
 }
 
 /// Whether a `CLUSTER NODES` line is a master's that has not failed (whole

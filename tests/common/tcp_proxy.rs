@@ -1,6 +1,7 @@
 //! A loopback TCP proxy in front of a server, which a test can stall (bytes
-//! stop moving both ways, connections stay open) or cut (every connection
-//! through it is closed): the network faults one member of a fleet meets.
+//! stop moving both ways, connections stay open), cut (every connection
+//! through it is closed) or silence some of its connections: the network
+//! faults one member of a fleet meets.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -14,6 +15,7 @@ pub(crate) struct TcpProxy {
     pub(crate) address: SocketAddr,
     stalled: watch::Sender<bool>,
     armed: Arc<Mutex<Option<Armed>>>,
+    marks: Arc<Marks>,
     /// Cancelled to cut the connections open now; replaced by a fresh one.
     connections: Mutex<CancellationToken>,
     stop: CancellationToken,
@@ -27,6 +29,7 @@ impl TcpProxy {
             address: listener.local_addr().unwrap(),
             stalled: watch::Sender::new(false),
             armed: Arc::default(),
+            marks: Arc::default(),
             connections: Mutex::new(CancellationToken::new()),
             stop: CancellationToken::new(),
         });
@@ -42,25 +45,29 @@ impl TcpProxy {
                     continue;
                 };
                 let cut = accepting.connections.lock().unwrap().clone();
+                let silent = CancellationToken::new();
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
-                for (from, to, armed) in [
+                for (from, to, client_side) in [
                     (
                         Box::new(client_read) as Reader,
                         Box::new(server_write) as Writer,
-                        Some(Arc::clone(&accepting.armed)),
+                        Some(ClientSide {
+                            armed: Arc::clone(&accepting.armed),
+                            marks: Arc::clone(&accepting.marks),
+                        }),
                     ),
                     (Box::new(server_read), Box::new(client_write), None),
                 ] {
                     let stalled = accepting.stalled.clone();
-                    let cut = cut.clone();
+                    let (cut, silent) = (cut.clone(), silent.clone());
                     tokio::spawn(async move {
                         // Biased: a cut before a resume drops what was held
                         // (a random pick could forward it first).
                         tokio::select! {
                             biased;
                             () = cut.cancelled() => {}
-                            () = pump(from, to, stalled, armed) => {}
+                            () = pump(from, to, stalled, silent, client_side) => {}
                         }
                     });
                 }
@@ -95,6 +102,25 @@ impl TcpProxy {
         });
     }
 
+    /// Marks, from now on, every connection whose client sends `text`, for
+    /// [`silence_marked`](Self::silence_marked).
+    pub(crate) fn mark(&self, text: &[u8]) {
+        assert!(!text.is_empty());
+        *self.marks.text.lock().unwrap() = Some(text.to_vec());
+    }
+
+    /// The connections marked so far go silent for good: neither side hears
+    /// the other again and neither is told, as when a peer is gone without
+    /// a reset or a NAT dropped an idle connection. Other connections, and
+    /// later ones, are not affected. Returns how many it silenced.
+    pub(crate) fn silence_marked(&self) -> usize {
+        let marked: Vec<_> = self.marks.connections.lock().unwrap().drain(..).collect();
+        for connection in &marked {
+            connection.cancel();
+        }
+        marked.len()
+    }
+
     pub(crate) fn is_stalled(&self) -> bool {
         *self.stalled.borrow()
     }
@@ -126,17 +152,38 @@ struct Armed {
     at: StallAt,
 }
 
+/// The text that marks a connection, and the marked connections' tokens
+/// that silence them.
+#[derive(Default)]
+struct Marks {
+    text: Mutex<Option<Vec<u8>>>,
+    connections: Mutex<Vec<CancellationToken>>,
+}
+
+/// What only the client's side of a connection looks for.
+struct ClientSide {
+    armed: Arc<Mutex<Option<Armed>>>,
+    marks: Arc<Marks>,
+}
+
+fn holds(read: &[u8], text: &[u8]) -> bool {
+    read.windows(text.len()).any(|window| window == text)
+}
+
 type Reader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
 type Writer = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;
 
 /// Copies `from` to `to`, holding every chunk while the proxy is stalled;
-/// stalls where `armed` (the client's side only) says. The text is looked
-/// for in one read: the commands a test arms for are a few bytes.
+/// stalls or goes silent where the client's side says. The text is looked
+/// for in one read: the commands a test arms for are a few bytes. Silent,
+/// it holds both halves open and forwards nothing until the connection is
+/// cut.
 async fn pump(
     mut from: Reader,
     mut to: Writer,
     stalled: watch::Sender<bool>,
-    armed: Option<Arc<Mutex<Option<Armed>>>>,
+    silent: CancellationToken,
+    client_side: Option<ClientSide>,
 ) {
     let mut unstalled = stalled.subscribe();
     let mut buffer = vec![0u8; 16 << 10];
@@ -149,14 +196,26 @@ async fn pump(
             Ok(read) => read,
         };
         let read = &buffer[..read];
-        let stall_at = armed.as_ref().and_then(|armed| {
+        let mut stall_at = None;
+        if let Some(ClientSide { armed, marks }) = &client_side {
+            if marks
+                .text
+                .lock()
+                .unwrap()
+                .as_deref()
+                .is_some_and(|text| holds(read, text))
+            {
+                marks.connections.lock().unwrap().push(silent.clone());
+            }
             let mut armed = armed.lock().unwrap();
-            let found = armed.as_ref().is_some_and(|armed| {
-                read.windows(armed.text.len())
-                    .any(|window| window == armed.text)
-            });
-            found.then(|| armed.take().unwrap().at)
-        });
+            if armed.as_ref().is_some_and(|armed| holds(read, &armed.text)) {
+                stall_at = armed.take().map(|armed| armed.at);
+            }
+        }
+        if silent.is_cancelled() {
+            let _open = (from, to);
+            return std::future::pending().await;
+        }
         if let Some(at) = stall_at {
             // Stalled before it is forwarded, even when it goes on: its
             // reply is then held however fast the server answers.

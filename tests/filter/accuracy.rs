@@ -72,7 +72,7 @@ fn estimates_track_overfilling() {
 
 /// Large filters stay accurate: a position computed from a 32-bit hash would
 /// collide for about n / 2³² of all probes, which shows at this size.
-/// Run with `cargo test --release --test accuracy -- --ignored`.
+/// Run with `cargo test --release --test filter -- --ignored measured_fpr_meets_target`.
 #[test]
 #[ignore = "needs ~2 GiB and a release build; figures go to BENCHMARKS.md"]
 fn measured_fpr_meets_target_at_one_hundred_million_keys() {

@@ -2,9 +2,15 @@
 
 use bloomguard::{AtomicBloom, FilterBuilder, FilterParameter};
 use proptest::prelude::*;
+use proptest::test_runner::RngSeed;
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(128))]
+    #![proptest_config(ProptestConfig {
+        cases: 128,
+        rng_seed: RngSeed::Fixed(0x0e_5eed),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn every_inserted_key_is_present_when_sized_for_a_target(

@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::common::{absent_keys, keys, three_sigma_limit, wait_until};
+use crate::common::{StopOnDrop, absent_keys, keys, three_sigma_limit, wait_until};
 use bloomguard::source::{self, KeyBatch, KeySource, KeyStream, SourceError};
 use bloomguard::{
     AtomicBloom, ConfigError, FilterParameter, Guard, GuardBuilder, GuardedLoader, Lifecycle,
@@ -154,14 +154,17 @@ async fn no_false_negatives_across_rebuilds_with_concurrent_writers() {
     guard.rebuild().await.unwrap();
     assert_all_present(&guard, &initial, "after the first build");
 
-    let writing = Arc::new(AtomicBool::new(true));
+    // Set when the writers are to stop, and by the drop should the test
+    // panic first (they would spin on for the rest of the binary).
+    let stopped = Arc::new(AtomicBool::new(false));
+    let stop_writers = StopOnDrop(&stopped);
     let writers: Vec<_> = (0..2u64)
         .map(|w| {
-            let (guard, store, writing) = (guard.clone(), Arc::clone(&store), Arc::clone(&writing));
+            let (guard, store, stopped) = (guard.clone(), Arc::clone(&store), Arc::clone(&stopped));
             std::thread::spawn(move || {
                 let mut written = Vec::new();
                 let mut n = 1_000_000 + w * 10_000_000;
-                while writing.load(Ordering::Relaxed) || written.len() < 20_000 {
+                while !stopped.load(Ordering::Relaxed) || written.len() < 20_000 {
                     let key = keys(n, 1).pop().unwrap();
                     // The ordering rule: guard first, then the store. The
                     // pending write holds a rebuild's scan until the store
@@ -183,7 +186,7 @@ async fn no_false_negatives_across_rebuilds_with_concurrent_writers() {
         assert_eq!(report.outcome, RebuildOutcome::Succeeded);
         generations.insert(guard.stats().swaps);
     }
-    writing.store(false, Ordering::Relaxed);
+    drop(stop_writers);
     let mut written = Vec::new();
     for writer in writers {
         written.extend(writer.join().unwrap());
@@ -222,13 +225,14 @@ async fn a_bulk_load_of_inserts_does_not_starve_a_rebuild() {
         )
         .build()
         .unwrap();
-    let loading = Arc::new(AtomicBool::new(true));
+    let stopped = Arc::new(AtomicBool::new(false));
+    let stop_loaders = StopOnDrop(&stopped);
     let loaders: Vec<_> = (0..4u64)
         .map(|thread| {
-            let (guard, loading) = (guard.clone(), Arc::clone(&loading));
+            let (guard, stopped) = (guard.clone(), Arc::clone(&stopped));
             std::thread::spawn(move || {
                 let mut key = thread << 48;
-                while loading.load(Ordering::Relaxed) {
+                while !stopped.load(Ordering::Relaxed) {
                     guard.insert(key.to_le_bytes());
                     key += 1;
                 }
@@ -239,7 +243,7 @@ async fn a_bulk_load_of_inserts_does_not_starve_a_rebuild() {
     // Every loader under way before the rebuild begins.
     wait_until("the loaders to insert", || guard.stats().inserts > 100_000).await;
     let rebuilt = guard.rebuild().await;
-    loading.store(false, Ordering::Relaxed);
+    drop(stop_loaders);
     let inserted: u64 = loaders.into_iter().map(|l| l.join().unwrap()).sum();
     assert!(
         rebuilt.is_ok(),
@@ -277,6 +281,17 @@ async fn a_count_from_a_rebuild_that_timed_out_sizes_the_retry() {
     assert!(!guard.is_warming());
 }
 
+/// A guard of 10,000 items over `store`, within a memory budget of 64 KiB.
+fn within_64_kib(store: &Store) -> Guard {
+    Guard::builder()
+        .expected_items(10_000)
+        .max_bytes(64 * 1024)
+        .source(source_of(store))
+        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
+        .build()
+        .unwrap()
+}
+
 /// A rebuild's first guess comes from the live filters' fill, which counts
 /// keys deleted from the store (or never written) too. Past the memory
 /// budget, every retry failed the same way (`TooLarge`), though the store's
@@ -284,13 +299,7 @@ async fn a_count_from_a_rebuild_that_timed_out_sizes_the_retry() {
 #[tokio::test]
 async fn a_guess_over_the_memory_budget_reads_the_source_within_it() {
     let store = store_with(&keys(0, 10_000));
-    let guard = Guard::builder()
-        .expected_items(10_000)
-        .max_bytes(64 * 1024)
-        .source(source_of(&store))
-        .rebuild_policy(RebuildPolicy::default().write_settle(Duration::ZERO))
-        .build()
-        .unwrap();
+    let guard = within_64_kib(&store);
     guard.rebuild().await.unwrap();
     // Inserted, then deleted from the store.
     for key in keys(10_000, 40_000) {
@@ -300,6 +309,29 @@ async fn a_guess_over_the_memory_budget_reads_the_source_within_it() {
     assert_eq!((report.passes, report.keys), (1, 10_000));
     let bytes = guard.live_filters().newest().unwrap().stats().bits / 8;
     assert!(bytes <= 64 * 1024, "a filter of {bytes} bytes");
+}
+
+/// A store that outgrew the memory budget fails its rebuilds; once it fits
+/// again they succeed. The count of the pass that found it too large sized
+/// every retry, unchecked against the budget: each failed before reading
+/// the store again, and the guard never rebuilt (or stayed warming).
+#[tokio::test]
+async fn a_store_back_within_the_memory_budget_rebuilds_again() {
+    let store = store_with(&keys(0, 10_000));
+    let guard = within_64_kib(&store);
+    guard.rebuild().await.unwrap();
+    store
+        .write()
+        .unwrap()
+        .extend(keys(10_000, 50_000).into_iter().map(String::into_bytes));
+    let error = guard.rebuild().await.unwrap_err();
+    assert!(matches!(error, RebuildError::Config(_)), "{error}");
+    *store.write().unwrap() = keys(0, 10_000)
+        .into_iter()
+        .map(String::into_bytes)
+        .collect();
+    let report = guard.rebuild().await.unwrap();
+    assert_eq!(report.keys, 10_000);
 }
 
 /// A manual rebuild at startup beside the maintenance task's first build:
@@ -463,7 +495,9 @@ async fn a_failing_source_leaves_the_old_filter_serving() {
     assert_all_present(&guard, &initial, "after a later rebuild");
 }
 
-#[tokio::test]
+// A paused clock: the 300 ms timeout runs out only once the source hangs,
+// however long the passes that succeed take on a loaded machine.
+#[tokio::test(start_paused = true)]
 async fn a_hanging_source_times_out_and_a_later_rebuild_succeeds() {
     let initial = keys(0, 20_000);
     let store = store_with(&initial);
@@ -1113,8 +1147,13 @@ fn a_reader_sees_a_rotation_after_its_batch_refreshed_its_filters() {
 
 /// A guard (seed 7) over `store` whose source fails at once until the test
 /// sets its `fail_after_batches` to `NEVER`; the maintenance task, once
-/// spawned, retries with a backoff of `(first, max)` milliseconds.
-fn guard_failing_to_build(store: &Store, (first, max): (u64, u64)) -> (Guard, Arc<ScriptedSource>) {
+/// spawned, ticks every `interval` and retries with a backoff of
+/// `(first, max)` milliseconds.
+fn guard_failing_to_build(
+    store: &Store,
+    (first, max): (u64, u64),
+    interval: Duration,
+) -> (Guard, Arc<ScriptedSource>) {
     let source = Arc::new(ScriptedSource::new(source_of(store)));
     source.fail_after_batches.store(0, Ordering::SeqCst);
     let guard = Guard::builder()
@@ -1126,7 +1165,7 @@ fn guard_failing_to_build(store: &Store, (first, max): (u64, u64)) -> (Guard, Ar
                 .write_settle(Duration::ZERO)
                 .retry_backoff(Duration::from_millis(first), Duration::from_millis(max)),
         )
-        .maintenance_interval(Duration::from_millis(5))
+        .maintenance_interval(interval)
         .build()
         .unwrap();
     (guard, source)
@@ -1135,7 +1174,8 @@ fn guard_failing_to_build(store: &Store, (first, max): (u64, u64)) -> (Guard, Ar
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_builds_are_retried_with_backoff_until_one_succeeds() {
     let initial = keys(0, 5_000);
-    let (guard, source) = guard_failing_to_build(&store_with(&initial), (20, 80));
+    let (guard, source) =
+        guard_failing_to_build(&store_with(&initial), (20, 80), Duration::from_millis(5));
     let maintenance = guard.spawn_maintenance();
     wait_until("three failed first builds", || {
         guard.stats().rebuilds.failed >= 3
@@ -1153,6 +1193,55 @@ async fn failed_builds_are_retried_with_backoff_until_one_succeeds() {
     // Backoff steps double 20 → 40 → 80 ms (each wait half to all of its
     // step): far fewer attempts than 5 ms ticks.
     assert!(stats.rebuilds.failed < 40, "{:?}", stats.rebuilds);
+}
+
+/// A failed build is retried after its backoff, whatever the maintenance
+/// interval: the task slept until its next tick, so with an interval of an
+/// hour a guard whose first build failed for a moment stayed warming for
+/// the hour.
+#[tokio::test(start_paused = true)]
+async fn a_failed_build_is_retried_after_its_backoff_not_at_the_next_tick() {
+    let (guard, source) = guard_failing_to_build(
+        &store_with(&keys(0, 1_000)),
+        (1_000, 1_000),
+        Duration::from_secs(3_600),
+    );
+    let maintenance = guard.spawn_maintenance();
+    wait_until("the first build to fail", || {
+        guard.stats().rebuilds.failed == 1
+    })
+    .await;
+    source.fail_after_batches.store(NEVER, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        !guard.is_warming(),
+        "not retried within 10 s of a 1 s backoff: {:?}",
+        guard.stats().rebuilds
+    );
+    maintenance.shutdown().await;
+}
+
+/// A rebuild whose source panicked was recorded as cancelled (a shutdown),
+/// hiding a source's bug in the stats and metrics.
+#[tokio::test]
+async fn a_rebuild_that_panics_is_recorded_as_failed() {
+    let guard = Guard::builder()
+        .expected_items(1_000)
+        .source(source::from_fn(|| -> Vec<Vec<u8>> {
+            panic!("a bug in the key source")
+        }))
+        .build()
+        .unwrap();
+    let rebuilt =
+        futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(guard.rebuild())).await;
+    assert!(rebuilt.is_err(), "the panic goes on to the caller");
+    let stats = guard.stats();
+    assert_eq!(
+        (stats.rebuilds.failed, stats.rebuilds.cancelled),
+        (1, 0),
+        "{:?}",
+        stats.last_rebuild
+    );
 }
 
 /// A filter shaped like a default guard's (10,000 items at 1 %) with `seed`,
@@ -1235,7 +1324,8 @@ async fn a_merge_into_a_warming_guard_keeps_it_warming_until_its_first_build() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_merge_after_a_failed_first_build_keeps_the_guard_warming_and_retrying() {
     let stored = keys(0, 2_000);
-    let (guard, source) = guard_failing_to_build(&store_with(&stored), (10, 20));
+    let (guard, source) =
+        guard_failing_to_build(&store_with(&stored), (10, 20), Duration::from_millis(5));
     let maintenance = guard.spawn_maintenance();
     wait_until("a failed first build", || {
         guard.stats().rebuilds.failed >= 1

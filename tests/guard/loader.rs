@@ -296,7 +296,7 @@ async fn futures_errors(
     errors
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test] // one thread: the second call has joined when the first is cancelled
 async fn a_waiter_takes_over_when_the_first_caller_is_cancelled() {
     let gate = Gate::closed();
     let loader = GuardedLoader::new(guard_with(&["item:9"]), gate.loader());
@@ -309,7 +309,8 @@ async fn a_waiter_takes_over_when_the_first_caller_is_cancelled() {
         let loader = loader.clone();
         async move { loader.get("item:9").await }
     });
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    tokio::task::yield_now().await; // it runs up to its wait on the load
+    assert_eq!(gate.calls(), 1, "the second call waits on the first's load");
     first.abort();
     assert!(first.await.unwrap_err().is_cancelled());
     wait_until("the waiter to call again", || gate.calls() == 2).await;

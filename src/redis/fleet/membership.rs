@@ -355,38 +355,37 @@ impl FleetSync {
         let sent_at = Instant::now();
         let mut connection = self.inner.connection.get().await?;
         type Reply = (u8, StreamPosition, u64, u64, u8, u8, StreamPosition, u8, u8);
-        let reply: Result<Reply, _> = RENEW
-            .key(&keys.leases)
-            .key(&keys.applied)
-            .key(&keys.since)
-            .key(&keys.stream)
-            .key(&keys.snapshot_needed)
-            .key(&keys.record)
-            .key(&keys.trimmed)
-            .key(&keys.manifest)
-            .key(&keys.renewals)
-            .arg(&self.inner.member)
-            .arg(self.inner.settings.lease.as_millis() as u64)
-            .arg(position)
-            // A position in another record's stream is published as 0-0.
-            .arg(fleet_since.unwrap_or(0))
-            .arg(leased_in.unwrap_or(0))
-            .arg(u8::from(caught_up))
-            .arg(fresh_in.unwrap_or(0))
-            .arg(u8::from(lacked))
-            .arg(token)
-            .arg(taken)
-            .invoke_async(&mut connection)
+        let reply: Result<Reply, _> = self
+            .run_replicated(
+                &mut connection,
+                RENEW
+                    .key(&keys.leases)
+                    .key(&keys.applied)
+                    .key(&keys.since)
+                    .key(&keys.stream)
+                    .key(&keys.snapshot_needed)
+                    .key(&keys.record)
+                    .key(&keys.trimmed)
+                    .key(&keys.manifest)
+                    .key(&keys.renewals)
+                    .arg(&self.inner.member)
+                    .arg(self.inner.settings.lease.as_millis() as u64)
+                    .arg(position)
+                    // A position in another record's stream is published as 0-0.
+                    .arg(fleet_since.unwrap_or(0))
+                    .arg(leased_in.unwrap_or(0))
+                    .arg(u8::from(caught_up))
+                    .arg(fresh_in.unwrap_or(0))
+                    .arg(u8::from(lacked))
+                    .arg(token)
+                    .arg(taken),
+            )
             .await;
         // A renewal that failed may have run in Redis and found the lease
         // lapsed, and one its replicas do not hold yet would be lost in a
         // failover: either way the next renewal must not count as continuous.
-        let replicated = match reply {
-            Ok(reply) => self.replicated(&mut connection).await.map(|()| reply),
-            Err(error) => Err(error.into()),
-        };
         let (continuous, last, members, fleet_since, snapshot_needed, kept, trimmed, covers, lacks) =
-            replicated.inspect_err(|_| {
+            reply.inspect_err(|_| {
                 self.state().lease_in_doubt = true;
             })?;
         Ok(Renewal {
@@ -553,7 +552,10 @@ impl FleetSync {
             }
             #[cfg(feature = "metrics")]
             self.publish_metrics();
-            tokio::time::sleep(period).await;
+            tokio::select! {
+                () = tokio::time::sleep(period) => {}
+                () = self.inner.renewal_wanted.notified() => {}
+            }
         }
     }
 

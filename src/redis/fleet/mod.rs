@@ -116,7 +116,15 @@
 //!   lived through fenced (each then counts as fresh in the new record); or
 //!   a member cut off from Redis for all of one record that still lacked
 //!   the keys a loss before it needed. Members with a source rebuild;
-//!   without one, deleting the mark ends it, as above.
+//!   without one, deleting the mark ends it, as above. A restart from a
+//!   dump saved before the record it ends began (a failover, a restart or
+//!   a clock step began that record, and Redis saved nothing since) is
+//!   taken for a new stream: every member replays the restored one from
+//!   its start, finds it trimmed, and recovers, fenced, and none can
+//!   publish. Members with a source rebuild; without one, deleting the
+//!   mark has them adopt the dump's snapshot and lose every key
+//!   acknowledged after the dump was saved. Have Redis persist every write
+//!   (`appendonly yes`) or give a member a source.
 //!
 //! **Clocks.** Durations are measured on each machine's monotonic clock and on
 //! Redis's; no wall clock is compared. The leases assume that these clocks
@@ -221,6 +229,9 @@ struct Inner {
     snapshot_published: Notify,
     /// A member asked for a snapshot.
     snapshot_requested: Notify,
+    /// Wakes the lease keeper to renew now (the consumer read a stream of a
+    /// record this member has not taken in).
+    renewal_wanted: Notify,
     counters: FleetCounters,
 }
 
@@ -335,6 +346,10 @@ struct Settings {
 struct MemberState {
     /// The stream entry this member applied last.
     position: StreamPosition,
+    /// The fleet record a read found, not yet this member's, that it asked
+    /// for a renewal at once for (one ask per record: renewals that fail go
+    /// on at their pace).
+    renewal_asked_for: Option<u64>,
     /// When to fence unless renewed first: the lease as this member times it,
     /// an eighth early. `None`: no lease (not joined, left, recovering).
     fence_at: Option<Instant>,
@@ -548,6 +563,7 @@ impl FleetSyncBuilder {
                 lease_changed: Condvar::new(),
                 snapshot_published: Notify::new(),
                 snapshot_requested: Notify::new(),
+                renewal_wanted: Notify::new(),
                 counters: FleetCounters::default(),
             }),
         }
@@ -608,29 +624,62 @@ impl FleetSync {
         }
     }
 
-    /// Waits until the configured number of replicas holds every write this
-    /// member made on its connection so far.
-    async fn replicated(&self, connection: &mut super::Live) -> Result<(), FleetError> {
+    /// Runs `script` and, where replicas are wanted, waits until that many
+    /// hold what it wrote. The `WAIT` rides in one pipeline with the
+    /// script: `WAIT` counts the replicas holding what its own connection
+    /// wrote, and one sent on its own could go out on a connection made
+    /// since (the manager reconnecting for another command, the cluster
+    /// client resending it after a drop), which wrote nothing and counted
+    /// every connected replica at once. A resent pipeline runs the script
+    /// again, which the fleet's scripts allow (a renewal's token tells).
+    async fn run_replicated<T: redis::FromRedisValue>(
+        &self,
+        connection: &mut super::Live,
+        script: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, FleetError> {
         let wanted = self.inner.settings.replicas;
         if wanted == 0 {
-            return Ok(());
+            return Ok(script.invoke_async(connection).await?);
         }
         // Half a lease: answered before the connection's own timeout (a
         // lease), and a renewal that waited that long is in doubt anyway.
-        let acknowledged = connection
-            .wait_for_replicas(
-                &self.inner.keys.stream,
-                wanted,
-                self.inner.settings.lease / 2,
-            )
-            .await?;
-        if acknowledged < wanted {
-            return Err(FleetError::NotReplicated {
-                wanted,
-                acknowledged,
-            });
+        let wait_ms = (self.inner.settings.lease / 2).as_millis() as u64;
+        let mut pipeline = redis::pipe();
+        pipeline
+            .invoke_script(script)
+            .cmd("WAIT")
+            .arg(wanted)
+            .arg(wait_ms)
+            .ignore_errors();
+        let mut loaded = false;
+        loop {
+            let (reply, acknowledged): (redis::Value, redis::Value) =
+                pipeline.query_async(connection).await?;
+            let reply = match reply.extract_error() {
+                // A node that never ran the script (a fresh one, a promoted
+                // replica): load it and run both again. Redis ran neither
+                // the script nor a write before that `WAIT`.
+                Err(error)
+                    if !loaded
+                        && error.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    script.load_async(connection).await?;
+                    loaded = true;
+                    continue;
+                }
+                reply => reply?,
+            };
+            let acknowledged: usize = redis::from_redis_value(acknowledged.extract_error()?)
+                .map_err(redis::RedisError::from)?;
+            if acknowledged < wanted {
+                return Err(FleetError::NotReplicated {
+                    wanted,
+                    acknowledged,
+                });
+            }
+            return Ok(redis::from_redis_value(reply).map_err(redis::RedisError::from)?);
         }
-        Ok(())
     }
 
     /// The guard this instance answers from.
@@ -1359,10 +1408,14 @@ mod tests {
             sent_at: Instant::now() + after - fence_after(lease),
             ..renewal(&member, true, 1)
         };
-        member.renewed(fence_soon(Duration::from_millis(200)));
+        // A second to renew in: a loaded machine may stall this thread
+        // between two statements for a good part of it.
+        member.renewed(fence_soon(Duration::from_secs(1)));
         assert!(!member.guard().is_fenced());
+        let first_fence_at = member.state().fence_at.unwrap();
         member.renewed(renewal(&member, true, 1)); // renewed in time
-        std::thread::sleep(Duration::from_millis(400));
+        assert!(member.state().fence_at.unwrap() > first_fence_at);
+        std::thread::sleep(Duration::from_millis(1_500));
         assert!(
             !member.guard().is_fenced(),
             "fenced at the lease renewed since"

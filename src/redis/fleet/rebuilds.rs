@@ -18,7 +18,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, LazyLock, Weak};
-use std::time::Duration;
 
 use redis::Script;
 
@@ -33,6 +32,23 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| {
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
+",
+    )
+});
+
+/// Takes the rebuild turn in `KEYS[1]` for this member (`ARGV[1]`) for
+/// `ARGV[2]` ms unless another member holds it. A turn in this member's own
+/// name is taken again: it is what a resent take finds (the cluster client
+/// sends a command again when a dropped connection lost its reply) and
+/// what a give-back that failed leaves, and read as another's it held
+/// every member off until it expired.
+static TAKE_TURN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
 ",
     )
 });
@@ -79,23 +95,17 @@ impl FleetSync {
     /// Whether this member may rebuild now. When Redis cannot say, it may:
     /// its own rebuild is safe, only not shared.
     async fn take_rebuild_turn(&self) -> bool {
-        let lock = &self.inner.keys.rebuild_lock;
-        let hold = self.inner.guard.rebuild_timeout();
-        self.take_lock(lock, hold).await.unwrap_or(true)
-    }
-
-    /// Takes the lock in `key` for `hold` unless another member holds it.
-    pub(super) async fn take_lock(&self, key: &str, hold: Duration) -> Result<bool, FleetError> {
-        let mut connection = self.inner.connection.get().await?;
-        let taken: Option<String> = redis::cmd("SET")
-            .arg(key)
-            .arg(&self.inner.member)
-            .arg("NX")
-            .arg("PX")
-            .arg(hold.as_millis() as u64)
-            .query_async(&mut connection)
-            .await?;
-        Ok(taken.is_some())
+        let taken: Result<bool, FleetError> = async {
+            let mut connection = self.inner.connection.get().await?;
+            Ok(TAKE_TURN
+                .key(&self.inner.keys.rebuild_lock)
+                .arg(&self.inner.member)
+                .arg(self.inner.guard.rebuild_timeout().as_millis() as u64)
+                .invoke_async(&mut connection)
+                .await?)
+        }
+        .await;
+        taken.unwrap_or(true)
     }
 
     /// Publishes the set this member just rebuilt for the others to
@@ -148,7 +158,9 @@ impl FleetSync {
     pub(super) async fn replace_with_rebuilt(&self, rebuilt: SnapshotId) {
         match self.load_covering_snapshot(Some(rebuilt)).await {
             Ok(Some(_)) => self.refresh_fence(),
-            Ok(None) => tracing::debug!("the rebuilt set's stream was trimmed; keeping ours"),
+            Ok(None) => tracing::debug!(
+                "the rebuilt set was replaced since, or its stream trimmed; keeping ours"
+            ),
             Err(error) => tracing::warn!(%error, "rebuilt set not loaded; keeping ours"),
         }
     }

@@ -8,9 +8,10 @@
 //! it in one step, so a reader sees the old snapshot or the new one, never a
 //! mix. The switch is refused when the fleet's record in Redis is no longer
 //! the one the position was read under, or the stream was trimmed past the
-//! position meanwhile. Then, still under that record, the old snapshot's
-//! chunks are deleted and the stream is trimmed to the older of the two
-//! positions (whoever is still loading the old one can replay from there).
+//! position meanwhile. The switch sets the old snapshot's chunks to expire;
+//! then, still under that record, they are deleted and the stream is
+//! trimmed to the older of the two positions (whoever is still loading the
+//! old one can replay from there).
 //!
 //! After Redis lost its data, the keys acknowledged before are in the sets
 //! of the members that lived through it, and nowhere else in the fleet:
@@ -109,11 +110,13 @@ enum Read {
     Snapshot(Manifest, LiveSnapshot),
 }
 
-/// How long a snapshot's chunk lives until its manifest names it: a publish
-/// dropped before (an instance stopped, a `timeout` around
-/// [`FleetSync::publish_snapshot`]) leaves chunks that nothing names, and
-/// they would otherwise stay in Redis for good. Far longer than a publish
-/// takes: one that outlasts it is refused, and publishes again later.
+/// How long a snapshot's chunk lives while no manifest names it: before
+/// its manifest does, since a publish dropped before (an instance stopped,
+/// a `timeout` around [`FleetSync::publish_snapshot`]) leaves chunks that
+/// nothing names, which would otherwise stay in Redis for good; and after
+/// a new manifest replaced it, should the publisher's clean-up be cut off.
+/// Far longer than a publish takes (one that outlasts it is refused, and
+/// publishes again later) or a member's read of the replaced snapshot.
 const UNNAMED_CHUNK_LIFETIME: Duration = Duration::from_secs(3600);
 
 /// The code of [`SET_MANIFEST`]'s and [`NEXT_VERSION`]'s refusals.
@@ -139,7 +142,10 @@ fn refusal(error: redis::RedisError) -> FleetError {
 /// The snapshot's chunks (`KEYS[6..]`), written to expire (a publish
 /// dropped before this script leaves them to no manifest), must all be
 /// there, and are kept from then on (none, where one is missing: the rest
-/// expire whether the publisher's clean-up reaches Redis or not).
+/// expire whether the publisher's clean-up reaches Redis or not). The
+/// replaced snapshot's chunks expire from then on ([`RETIRE`] deletes them
+/// sooner, unless the publisher is cut off first), in `ARGV[5]` ms; not
+/// when the manifest named this snapshot already (the script resent).
 static SET_MANIFEST: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
@@ -162,7 +168,16 @@ for i = 6, #KEYS do
   end
 end
 for i = 6, #KEYS do redis.call('PERSIST', KEYS[i]) end
-return redis.call('SET', KEYS[1], ARGV[1], 'GET')
+local replaced = redis.call('SET', KEYS[1], ARGV[1], 'GET')
+if replaced and replaced ~= ARGV[1] then
+  local fields = {}
+  for field in string.gmatch(replaced, '%S+') do fields[#fields + 1] = field end
+  local version, chunks, since = fields[2], tonumber(fields[3]), fields[5] or '0'
+  for i = 0, (chunks or 0) - 1 do
+    redis.call('PEXPIRE', KEYS[1] .. ':' .. since .. ':' .. version .. ':' .. i, ARGV[5])
+  end
+end
+return replaced
 ",
         ]
         .concat(),
@@ -314,6 +329,7 @@ impl FleetSync {
             .arg(since)
             .arg(u8::from(fresh))
             .arg(position)
+            .arg(UNNAMED_CHUNK_LIFETIME.as_millis() as u64)
             .invoke_async(&mut connection)
             .await
             .map_err(refusal)
@@ -386,8 +402,9 @@ impl FleetSync {
     /// its position: replaces the live set with it (fenced, until the stream
     /// after it is applied), ends warming, and moves this member's position
     /// to it. `Ok(None)` when there is no snapshot, or one that the stream
-    /// no longer continues. The snapshot `rebuilt` (another member's
-    /// rebuild) counts as this member's rebuild too.
+    /// no longer continues. With `rebuilt` (another member's rebuild), only
+    /// that snapshot is loaded (`Ok(None)` when another stands), and it
+    /// counts as this member's rebuild too.
     ///
     /// # Errors
     /// A snapshot that does not decode, or whose filters have another seed,
@@ -401,7 +418,12 @@ impl FleetSync {
         // chunks we are reading: read the new one then.
         for _ in 0..SNAPSHOT_READ_ATTEMPTS {
             let read_under = self.state().fleet_since;
-            match self.read_snapshot().await? {
+            // Another member's rebuild replaces this member's set only with
+            // that very set: whatever stands in its place by now may be
+            // older than what this member holds (a Redis restarted from an
+            // older dump, which no script has noticed yet, serves that
+            // dump's snapshot).
+            match self.read_snapshot(rebuilt).await? {
                 Read::None => return Ok(None),
                 Read::Replaced => continue,
                 Read::Snapshot(manifest, set) => {
@@ -412,7 +434,7 @@ impl FleetSync {
                     let fresh_in = (!manifest.holds_what_preceded(read_under))
                         .then_some(read_under)
                         .flatten();
-                    let rebuilt = rebuilt == Some(manifest.id);
+                    let rebuilt = rebuilt.is_some(); // that very snapshot
                     let adopted =
                         self.adopt_snapshot(read_under, position, fresh_in, set, rebuilt)?;
                     if adopted {
@@ -465,7 +487,9 @@ impl FleetSync {
         Ok(true)
     }
 
-    async fn read_snapshot(&self) -> Result<Read, FleetError> {
+    /// Reads the snapshot the manifest names; with `only`, that one only
+    /// (`Read::None` for another, before reading any chunk).
+    async fn read_snapshot(&self, only: Option<SnapshotId>) -> Result<Read, FleetError> {
         let keys = &self.inner.keys;
         let mut connection = self.inner.connection.get().await?;
         let manifest: Option<Vec<u8>> = redis::cmd("GET")
@@ -479,7 +503,7 @@ impl FleetSync {
             .ok()
             .and_then(Manifest::parse)
             .ok_or(FleetError::BadManifest)?;
-        let wanted = {
+        let wanted = only.is_none_or(|only| only == manifest.id) && {
             let state = self.state();
             !state.snapshot_needed || manifest.holds_what_preceded(state.fleet_since)
         };
@@ -536,11 +560,21 @@ impl FleetSync {
         if self.inner.guard.is_fenced() || self.inner.guard.is_warming() {
             return false;
         }
-        let lock = &self.inner.keys.snapshot_lock;
-        matches!(
-            self.take_lock(lock, self.inner.settings.lease).await,
-            Ok(true)
-        )
+        // Never given back: the turn spaces publishes a lease apart. A
+        // resent take that finds the turn its first run took skips one.
+        let taken: Result<Option<String>, FleetError> = async {
+            let mut connection = self.inner.connection.get().await?;
+            Ok(redis::cmd("SET")
+                .arg(&self.inner.keys.snapshot_lock)
+                .arg(&self.inner.member)
+                .arg("NX")
+                .arg("PX")
+                .arg(self.inner.settings.lease.as_millis() as u64)
+                .query_async(&mut connection)
+                .await?)
+        }
+        .await;
+        matches!(taken, Ok(Some(_)))
     }
 }
 

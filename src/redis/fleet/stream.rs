@@ -22,6 +22,8 @@ pub(super) struct ReadBegun {
     resets: u64,
     /// The member's catch-up target.
     catch_up_to: Option<StreamPosition>,
+    /// The fleet record the member's position belongs to.
+    fleet_since: Option<u64>,
 }
 
 impl ReadBegun {
@@ -29,6 +31,7 @@ impl ReadBegun {
         Self {
             resets: state.stream_resets,
             catch_up_to: state.catch_up_to,
+            fleet_since: state.fleet_since,
         }
     }
 }
@@ -116,16 +119,19 @@ fn decode_keys(mut encoded: &[u8]) -> Option<Vec<&[u8]>> {
 }
 
 /// Reads the entries after `ARGV[1]` (up to `ARGV[2]`) together with the
-/// newest entry ever trimmed, in one step: `{last, trimmed, entries}`.
+/// newest entry ever trimmed and the fleet's record (`KEYS[3]`, 0 for none),
+/// in one step: `{last, trimmed, entries, since}`. (The record as it stands:
+/// every append begins a new one first where Redis lost its data.)
 static READ_AFTER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local trimmed = redis.call('GET', KEYS[2]) or '0-0'
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'0-0', trimmed, {}} end
+local since = redis.call('GET', KEYS[3]) or '0'
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'0-0', trimmed, {}, since} end
 local last = '0-0'
 local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 if newest[1] then last = newest[1][1] end
-return {last, trimmed, redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])}
+return {last, trimmed, redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2]), since}
 ",
     )
 });
@@ -136,6 +142,8 @@ struct Read {
     /// The newest entry trimmed from the stream.
     trimmed: StreamPosition,
     entries: StreamRangeReply,
+    /// The fleet's record the stream belongs to (0: none yet).
+    since: u64,
 }
 
 /// What the consumer does next.
@@ -172,18 +180,20 @@ impl FleetSync {
         landed: bool,
     ) -> Result<Appended, FleetError> {
         let mut connection = self.inner.connection.get().await?;
-        let (entry, since) = APPEND
-            .key(&self.inner.keys.stream)
-            .key(&self.inner.keys.trimmed)
-            .key(&self.inner.keys.since)
-            .key(&self.inner.keys.record)
-            .arg(&self.inner.member)
-            .arg(u8::from(landed))
-            .arg(self.inner.settings.stream_max_len)
-            .arg(encode_keys(keys))
-            .invoke_async(&mut connection)
+        let (entry, since) = self
+            .run_replicated(
+                &mut connection,
+                APPEND
+                    .key(&self.inner.keys.stream)
+                    .key(&self.inner.keys.trimmed)
+                    .key(&self.inner.keys.since)
+                    .key(&self.inner.keys.record)
+                    .arg(&self.inner.member)
+                    .arg(u8::from(landed))
+                    .arg(self.inner.settings.stream_max_len)
+                    .arg(encode_keys(keys)),
+            )
             .await?;
-        self.replicated(&mut connection).await?;
         Ok(Appended { entry, since })
     }
     /// The newest entry ever trimmed from the stream (`START`: none).
@@ -202,20 +212,22 @@ impl FleetSync {
         position: StreamPosition,
         count: usize,
     ) -> Result<Read, FleetError> {
-        let reply: (StreamPosition, StreamPosition, Value) = READ_AFTER
+        let reply: (StreamPosition, StreamPosition, Value, u64) = READ_AFTER
             .key(&self.inner.keys.stream)
             .key(&self.inner.keys.trimmed)
+            .key(&self.inner.keys.since)
             .arg(position)
             .arg(count.max(1))
             .invoke_async(connection)
             .await?;
-        let (last, trimmed, entries) = reply;
+        let (last, trimmed, entries, since) = reply;
         let entries = redis::from_redis_value(entries)
             .map_err(|_| FleetError::UnexpectedReply("stream entries"))?;
         Ok(Read {
             last,
             trimmed,
             entries,
+            since,
         })
     }
 
@@ -281,6 +293,25 @@ impl FleetSync {
         };
         let read = self.read_after(connection, position, READ_COUNT).await?;
         let read_at = Instant::now();
+        if Some(read.since) != begun.fleet_since {
+            // Redis lost its data since this member's last renewal (or
+            // failed over, or restarted from an older dump): the stream is
+            // another than the one its position and catch-up target are
+            // in, and the new one's ids, later in Redis's clock, would pass
+            // for reaching them. Nothing moves until a renewal takes the new
+            // record in; the consumer reads on meanwhile, so the lease is
+            // renewed, and at once the first time.
+            let first_ask = {
+                let mut state = self.state();
+                state.last_read_at = Some(read_at);
+                state.renewal_asked_for.replace(read.since) != Some(read.since)
+            };
+            if first_ask {
+                self.inner.renewal_wanted.notify_one();
+            }
+            tokio::time::sleep(RECONNECT_BACKOFF).await;
+            return Ok(Next::ReadAgain);
+        }
         if read.trimmed > position {
             tracing::warn!(
                 %position,
@@ -517,31 +548,55 @@ impl FleetSync {
     }
 
     /// Listens for the fleet's notices: positions applied (waking writers),
-    /// snapshots published, snapshots asked for.
+    /// snapshots published, snapshots asked for. A subscription whose peer
+    /// is gone without a reset (a host lost, a NAT or load balancer that
+    /// dropped the idle connection) hears nothing and is told nothing: it is
+    /// pinged every lease, and made again when no answer comes within one.
     pub(super) async fn listen(&self) {
+        let lease = self.inner.settings.lease;
         for attempt in 0.. {
             if let Some(client) = self.inner.redis.notices_client(attempt)
-                && let Ok(mut subscription) = client.get_async_pubsub().await
-                && subscription
-                    .subscribe(&self.inner.keys.notices)
-                    .await
-                    .is_ok()
+                && let Ok(Ok(subscription)) =
+                    tokio::time::timeout(lease, self.subscribe(client)).await
             {
-                let mut notices = subscription.on_message();
-                while let Some(notice) = notices.next().await {
-                    match notice.get_payload_bytes() {
-                        b"applied" => self.inner.applied_notices.send_modify(|n| *n += 1),
-                        b"snapshot" => self.inner.snapshot_published.notify_waiters(),
-                        b"request" => self.inner.snapshot_requested.notify_one(),
-                        rebuilt => {
-                            if let Some(by) = rebuilt.strip_prefix(b"rebuilt ") {
-                                self.rebuilt_elsewhere(by);
+                let (mut sink, mut notices) = subscription.split();
+                let mut ping = tokio::time::interval_at(Instant::now() + lease, lease);
+                ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        notice = notices.next() => match notice {
+                            Some(notice) => self.take_notice(notice.get_payload_bytes()),
+                            None => break,
+                        },
+                        _ = ping.tick() => {
+                            let answered = tokio::time::timeout(lease, sink.ping::<Value>()).await;
+                            if !matches!(answered, Ok(Ok(_))) {
+                                break;
                             }
                         }
                     }
                 }
             }
             tokio::time::sleep(RECONNECT_BACKOFF).await;
+        }
+    }
+
+    async fn subscribe(&self, client: redis::Client) -> redis::RedisResult<redis::aio::PubSub> {
+        let mut subscription = client.get_async_pubsub().await?;
+        subscription.subscribe(&self.inner.keys.notices).await?;
+        Ok(subscription)
+    }
+
+    fn take_notice(&self, notice: &[u8]) {
+        match notice {
+            b"applied" => self.inner.applied_notices.send_modify(|n| *n += 1),
+            b"snapshot" => self.inner.snapshot_published.notify_waiters(),
+            b"request" => self.inner.snapshot_requested.notify_one(),
+            rebuilt => {
+                if let Some(by) = rebuilt.strip_prefix(b"rebuilt ") {
+                    self.rebuilt_elsewhere(by);
+                }
+            }
         }
     }
 

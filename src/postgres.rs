@@ -52,6 +52,12 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 /// point the source at the primary.
 /// PostgreSQL 12 or later.
 ///
+/// The passes run where the guard's maintenance task runs. A sqlx connection
+/// works only while the runtime that opened it runs: where that task has a
+/// runtime of its own, give the source a pool of its own
+/// (`PgPoolOptions::connect_lazy_with`), or a connection a pass opened into
+/// the service's pool fails the service's queries once that runtime stops.
+///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use bloomguard::{Guard, postgres::PgSource};

@@ -10,6 +10,7 @@ mod seen_items;
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::Parser;
 use common::redis_server::RedisServer;
@@ -249,6 +250,97 @@ fn the_gate_runs_against_real_postgres() {
     .check()
     .unwrap_err();
     assert!(refused.to_string().contains("expires keys"), "{refused}");
+}
+
+/// The guard's rebuilds run on the maintenance thread's runtime, and a sqlx
+/// connection works only while the runtime that opened it runs: one a
+/// rebuild opened into the requests' pool failed the next request after the
+/// maintenance runtime stopped ("A Tokio 1.x context was found, but it is
+/// being shutdown"), as the baseline run after the guarded one did.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_rebuild_on_the_maintenance_runtime_leaves_the_requests_a_working_pool() {
+    use bloomguard::KeySource as _;
+    use futures_util::TryStreamExt as _;
+
+    let server = common::postgres_server::PostgresServer::start();
+    let requests = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // A pool connection dropped outside a runtime panics, and during a
+    // failure's unwinding that aborts the binary.
+    let _in_requests = requests.enter();
+    let store = requests
+        .block_on(seen_items::store::PgStore::open(&server.url()))
+        .unwrap();
+    requests
+        .block_on(store.write(&["before".to_owned()]))
+        .unwrap();
+    // Every connection the requests' pool opened, held as requests would
+    // hold them, so that a pass sharing the pool would open one of its own.
+    let requests_pool = store.requests_pool().clone();
+    let held = requests.block_on(async {
+        let settled = tokio::time::timeout(Duration::from_secs(10), async {
+            while requests_pool.num_idle() < requests_pool.size() as usize {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        settled
+            .await
+            .expect("the requests' connections went back to their pool");
+        let mut held = Vec::new();
+        for _ in 0..requests_pool.size() {
+            held.push(requests_pool.acquire().await.unwrap());
+        }
+        held
+    });
+    let opened_by_requests = requests_pool.size();
+
+    let source = store.source();
+    let rebuilds_pool = store.rebuilds_pool().clone();
+    let keys = std::thread::spawn(move || {
+        let maintenance = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        maintenance.block_on(async {
+            let batches: Vec<_> = source
+                .scan()
+                .try_collect()
+                .await
+                .unwrap_or_else(|error| panic!("the pass: {error}"));
+            // The runtime runs on, as the maintenance task's does, until the
+            // pass's connection is back in its pool.
+            let back = tokio::time::timeout(Duration::from_secs(10), async {
+                while rebuilds_pool.num_idle() == 0 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            });
+            back.await
+                .expect("the pass's connection went back to its pool");
+            batches.iter().map(|batch| batch.len()).sum::<usize>()
+        })
+    })
+    .join()
+    .unwrap();
+    assert_eq!(keys, 1, "the pass listed the stored key");
+
+    // Whether a request meets the stopped runtime's connection at once
+    // depends on tokio's cached readiness; the pool's size says it is there.
+    assert_eq!(
+        requests_pool.size(),
+        opened_by_requests,
+        "the pass opened a connection into the requests' pool on the maintenance runtime"
+    );
+    drop(held);
+    for _ in 0..=opened_by_requests {
+        requests
+            .block_on(store.write(&["after".to_owned()]))
+            .unwrap_or_else(|error| {
+                panic!("a request after the maintenance runtime stopped: {error}")
+            });
+    }
 }
 
 #[test]

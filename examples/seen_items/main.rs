@@ -30,7 +30,7 @@
 
 pub(crate) mod replay;
 pub(crate) mod report;
-mod store;
+pub(crate) mod store;
 mod workload;
 
 use std::path::PathBuf;

@@ -434,6 +434,11 @@ pub(crate) const TABLE: &str = "bloomguard_seen";
 #[derive(Debug)]
 pub(crate) struct PgStore {
     pool: sqlx::PgPool,
+    /// The rebuilds' own pool: they run on the maintenance thread's runtime,
+    /// and a sqlx connection works only while the runtime that opened it
+    /// runs, so one a rebuild opened into `pool` would fail the requests once
+    /// that runtime stopped.
+    rebuilds_pool: sqlx::PgPool,
     loader: bloomguard::postgres::PgLoader<String>,
 }
 
@@ -459,7 +464,18 @@ impl PgStore {
         // The pair is the value too: only whether a row exists matters.
         let loader = bloomguard::postgres::PgLoader::new(pool.clone(), TABLE, "pair", "pair")
             .timeout(Duration::from_secs(5));
-        Ok(Self { pool, loader })
+        // Lazy, so that each connection is opened by the runtime that uses it;
+        // without idle reaping, which would run on this one.
+        let rebuilds_pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_lazy_with((*pool.connect_options()).clone());
+        Ok(Self {
+            pool,
+            rebuilds_pool,
+            loader,
+        })
     }
 
     /// One `INSERT … SELECT unnest($1)` for the batch.
@@ -478,7 +494,18 @@ impl PgStore {
         seen_in(self.loader.get_many(keys).await)
     }
 
-    fn source(&self) -> bloomguard::postgres::PgSource {
-        bloomguard::postgres::PgSource::new(self.pool.clone(), TABLE, "pair")
+    pub(crate) fn source(&self) -> bloomguard::postgres::PgSource {
+        bloomguard::postgres::PgSource::new(self.rebuilds_pool().clone(), TABLE, "pair")
+    }
+
+    /// The pool the requests use.
+    #[allow(dead_code, reason = "tests/seen_items.rs holds its connections")]
+    pub(crate) fn requests_pool(&self) -> &sqlx::PgPool {
+        &self.pool
+    }
+
+    /// The pool the guard's rebuilds read from.
+    pub(crate) fn rebuilds_pool(&self) -> &sqlx::PgPool {
+        &self.rebuilds_pool
     }
 }

@@ -663,6 +663,54 @@ mod cluster {
         assert!(batch.is_err(), "a batch over a hash answered {batch:?}");
     }
 
+    /// The redis crate runs a cluster connection's driver as a task on the
+    /// runtime that made it. A loader and source first used on a runtime
+    /// that then stopped (a warm-up runtime, a test's own) failed every
+    /// later call with "Unable to send command", and the guard never
+    /// rebuilt again; a connection manager to one node reconnects instead.
+    #[test]
+    fn a_cluster_connection_outlives_the_runtime_that_made_it() {
+        let cluster = RedisCluster::start();
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let loader = RedisLoader::cluster(cluster.client()).prefix("item:");
+        let guard = guard_from(loader.source());
+        let warm_up = runtime();
+        warm_up.block_on(async {
+            let mut writes = cluster.client().get_async_connection().await.unwrap();
+            let () = redis::cmd("SET")
+                .arg("item:1")
+                .arg("one")
+                .query_async(&mut writes)
+                .await
+                .unwrap();
+            assert_eq!(guard.rebuild().await.unwrap().keys, 1);
+            assert_eq!(loader.get("1").await.unwrap().as_deref(), Some(&b"one"[..]));
+        });
+        drop(warm_up);
+
+        runtime().block_on(async {
+            // The call that finds the connection's driver gone fails, as a
+            // call across a connection manager's reconnection does.
+            let _ = loader.get("1").await;
+            assert_eq!(
+                loader.get("1").await.unwrap().as_deref(),
+                Some(&b"one"[..]),
+                "a load on the serving runtime"
+            );
+            let _ = guard.rebuild().await;
+            assert_eq!(
+                guard.rebuild().await.unwrap().keys,
+                1,
+                "a rebuild on the serving runtime"
+            );
+        });
+    }
+
     /// A plain source on one node of a cluster scans that node's slots only,
     /// and its cursor ends as if it read them all: a guard built from it
     /// would answer `Absent` for every key the other masters hold.

@@ -9,7 +9,10 @@
 //! restarted fails the calls made while it was gone and recovers without
 //! being rebuilt. A source's pass on a plain Redis runs on a connection of
 //! its own that does not reconnect: a pass a restart cut short fails, and
-//! is retried.
+//! is retried. Both kinds of connection run a task on the runtime that made
+//! or last remade them; where that runtime stops (a warm-up runtime, a test
+//! of its own), the next call fails and the one after it connects again on
+//! its own runtime.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -51,8 +54,51 @@ enum Target {
     },
     Cluster {
         client: Box<ClusterClient>,
-        connection: Arc<OnceCell<ClusterConnection>>,
+        connection: Arc<ClusterSlot>,
     },
+}
+
+/// The cluster connection a source's or loader's clones share, made again
+/// after a call finds it dropped. The redis crate runs a cluster
+/// connection's driver as a task on the runtime that made it, and nothing
+/// makes it again once that runtime stops (a connection manager to one node
+/// does), so the next call makes one on its own runtime.
+#[derive(Default)]
+struct ClusterSlot(tokio::sync::Mutex<MadeCluster>);
+
+#[derive(Default)]
+struct MadeCluster {
+    connection: Option<ClusterConnection>,
+    /// How many connections the slot has made: which one a call used.
+    made: u64,
+}
+
+impl ClusterSlot {
+    /// Clears the slot if it still holds the connection that failed.
+    async fn forget(&self, made: u64) {
+        let mut slot = self.0.lock().await;
+        if slot.made == made {
+            slot.connection = None;
+        }
+    }
+}
+
+/// A call on the cluster connection: failed after `timeout`, and the slot
+/// cleared when the connection was dropped.
+async fn on_cluster<T>(
+    slot: &ClusterSlot,
+    made: u64,
+    timeout: Duration,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    let answer = within(timeout, call).await;
+    if answer
+        .as_ref()
+        .is_err_and(RedisError::is_connection_dropped)
+    {
+        slot.forget(made).await;
+    }
+    answer
 }
 
 /// A connection made: to a node, or to the cluster (which routes each
@@ -63,7 +109,12 @@ enum Live {
     /// One `SCAN` pass's own connection to a node, which does not reconnect
     /// (see [`Connection::for_pass`]).
     Pass(MultiplexedConnection),
-    Cluster(ClusterConnection, Duration),
+    Cluster {
+        connection: ClusterConnection,
+        slot: Arc<ClusterSlot>,
+        made: u64,
+        timeout: Duration,
+    },
 }
 
 impl redis::aio::ConnectionLike for Live {
@@ -71,10 +122,17 @@ impl redis::aio::ConnectionLike for Live {
         match self {
             Self::Node(manager) => manager.req_packed_command(cmd),
             Self::Pass(connection) => connection.req_packed_command(cmd),
-            Self::Cluster(cluster, timeout) => {
-                let timeout = *timeout;
-                Box::pin(within(timeout, cluster.req_packed_command(cmd)))
-            }
+            Self::Cluster {
+                connection,
+                slot,
+                made,
+                timeout,
+            } => Box::pin(on_cluster(
+                slot,
+                *made,
+                *timeout,
+                connection.req_packed_command(cmd),
+            )),
         }
     }
 
@@ -87,13 +145,17 @@ impl redis::aio::ConnectionLike for Live {
         match self {
             Self::Node(manager) => manager.req_packed_commands(pipeline, offset, count),
             Self::Pass(connection) => connection.req_packed_commands(pipeline, offset, count),
-            Self::Cluster(cluster, timeout) => {
-                let timeout = *timeout;
-                Box::pin(within(
-                    timeout,
-                    cluster.req_packed_commands(pipeline, offset, count),
-                ))
-            }
+            Self::Cluster {
+                connection,
+                slot,
+                made,
+                timeout,
+            } => Box::pin(on_cluster(
+                slot,
+                *made,
+                *timeout,
+                connection.req_packed_commands(pipeline, offset, count),
+            )),
         }
     }
 
@@ -101,7 +163,7 @@ impl redis::aio::ConnectionLike for Live {
         match self {
             Self::Node(manager) => manager.get_db(),
             Self::Pass(connection) => connection.get_db(),
-            Self::Cluster(cluster, _) => cluster.get_db(),
+            Self::Cluster { connection, .. } => connection.get_db(),
         }
     }
 }
@@ -137,7 +199,7 @@ impl Connection {
         Self {
             target: Target::Cluster {
                 client: Box::new(client),
-                connection: Arc::new(OnceCell::new()),
+                connection: Arc::default(),
             },
             response_timeout,
         }
@@ -159,10 +221,21 @@ impl Connection {
                 Ok(Live::Node(manager.clone()))
             }
             Target::Cluster { client, connection } => {
-                let connection = connection
-                    .get_or_try_init(|| client.get_async_connection())
-                    .await?;
-                Ok(Live::Cluster(connection.clone(), self.response_timeout))
+                let mut made = connection.0.lock().await;
+                let live = match &made.connection {
+                    Some(live) => live.clone(),
+                    None => {
+                        let live = client.get_async_connection().await?;
+                        made.made += 1;
+                        made.connection.insert(live).clone()
+                    }
+                };
+                Ok(Live::Cluster {
+                    connection: live,
+                    slot: Arc::clone(connection),
+                    made: made.made,
+                    timeout: self.response_timeout,
+                })
             }
         }
     }
@@ -370,13 +443,21 @@ impl RedisSource {
         command: &redis::Cmd,
     ) -> Result<T, RedisError> {
         match (live.clone(), node) {
-            (Live::Cluster(mut cluster, timeout), Some(node)) => {
+            (
+                Live::Cluster {
+                    mut connection,
+                    slot,
+                    made,
+                    timeout,
+                },
+                Some(node),
+            ) => {
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                     host: node.host.clone(),
                     port: node.port,
                 });
-                let reply =
-                    within(timeout, cluster.route_command(command.clone(), routing)).await?;
+                let call = connection.route_command(command.clone(), routing);
+                let reply = on_cluster(&slot, made, timeout, call).await?;
                 Ok(redis::from_redis_value(reply)?)
             }
             (mut live, _) => command.query_async(&mut live).await,

@@ -2,7 +2,9 @@
 //! loopback, every member in this process:
 //! - the latency a fleet write adds (append until every member applied it),
 //!   p50 and p99, with 3 and 8 members, one write at a time;
-//! - acknowledged writes per second with 32 writers over 3 members;
+//! - acknowledged writes per second with 32 writers over 3 members, and the
+//!   same with every append waiting for a replica (`wait_for_replicas(1)`,
+//!   on a master with one replica of the bench's own);
 //! - the time from a member losing Redis (a stalling proxy) to fencing
 //!   itself, against its lease;
 //! - the share of checks that pass through while fenced;
@@ -47,10 +49,20 @@ async fn members(
     fleet: &str,
     count: usize,
 ) -> Vec<(FleetSync, FleetHandle)> {
+    replicated_members(client, fleet, count, 0).await
+}
+
+async fn replicated_members(
+    client: &redis::Client,
+    fleet: &str,
+    count: usize,
+    replicas: usize,
+) -> Vec<(FleetSync, FleetHandle)> {
     let mut joined = Vec::new();
     for i in 0..count {
         let member = FleetSync::builder(guard(&format!("m{i}")), client.clone(), fleet)
             .lease(LEASE)
+            .wait_for_replicas(replicas)
             .build();
         let handle = member.join().await.unwrap();
         joined.push((member, handle));
@@ -85,9 +97,11 @@ async fn write_latency(server: &RedisServer, count: usize) -> (Duration, Duratio
     (quantile(&latencies, 0.5), quantile(&latencies, 0.99))
 }
 
-/// Acknowledged writes per second, 32 writers spread over 3 members.
-async fn throughput(server: &RedisServer) -> f64 {
-    let joined = members(&server.client(), "throughput", 3).await;
+/// Acknowledged writes per second, 32 writers spread over 3 members whose
+/// appends wait for `replicas` replicas.
+async fn throughput(server: &RedisServer, replicas: usize) -> f64 {
+    let fleet = format!("throughput{replicas}");
+    let joined = replicated_members(&server.client(), &fleet, 3, replicas).await;
     let started = Instant::now();
     let until = started + Duration::from_secs(5);
     let writers: Vec<_> = (0..32)
@@ -191,10 +205,28 @@ fn main() {
             )
             .unwrap();
         }
-        let per_second = throughput(&server).await;
+        let per_second = throughput(&server, 0).await;
         writeln!(
             table,
             "| acknowledged writes/s (32 writers, 3 members) | {per_second:.0} |"
+        )
+        .unwrap();
+        let port = server.port.to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        let mut master = server.client().get_connection().unwrap();
+        while !redis::cmd("INFO")
+            .arg("replication")
+            .query::<String>(&mut master)
+            .unwrap()
+            .contains("state=online")
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let per_second = throughput(&server, 1).await;
+        drop(replica);
+        writeln!(
+            table,
+            "| the same, each append and renewal waiting for 1 replica | {per_second:.0} |"
         )
         .unwrap();
         let stall = stall(&server).await;

@@ -2,8 +2,8 @@
 //! began relying on it (a seccomp profile applied once the service is up, or
 //! a kernel out of memory for the expedited command). Threads that claimed
 //! their records before then open sections with no fence, which only that
-//! barrier paired with. A binary of its own: a process picks its barrier at
-//! its first check (or first swap).
+//! barrier paired with. A binary of its own: a process picks its barrier
+//! when it builds its first guard.
 
 #![cfg(all(
     target_os = "linux",

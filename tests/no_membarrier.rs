@@ -1,8 +1,8 @@
 //! A host that refuses `membarrier(2)` (a seccomp profile that blocks it):
 //! read sections then fence on both sides instead of leaving the barrier to
 //! the reclaiming side. A binary of its own, because a process decides once,
-//! at its first check, which way its sections go, and this one must decide
-//! with the call already refused.
+//! when it builds its first guard, which way its sections go, and this one
+//! must decide with the call already refused.
 
 #![cfg(all(
     target_os = "linux",

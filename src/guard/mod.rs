@@ -188,8 +188,10 @@ impl Guard {
     /// `sections.rs`), and the verdict counted in the thread's own stripe.
     /// No lock, no locked instruction, no fence (on Linux 4.14+, where
     /// `membarrier(2)` serves; elsewhere one fence), and no allocation
-    /// unless the staleness check samples this answer. A swap of the live
-    /// filters that happened before the call is seen by it.
+    /// unless the staleness check samples this answer, or the thread checks
+    /// for the first time (it claims a record, kept for the threads after
+    /// it). A swap of the live filters that happened before the call is
+    /// seen by it.
     #[inline]
     pub fn check(&self, key: impl AsRef<[u8]>) -> Verdict {
         let key = key.as_ref();

@@ -5,7 +5,9 @@
 //! 2. The rebuild waits for inserts begun before the install to finish (see
 //!    `writes.rs`), then for the policy's write settle.
 //! 3. It streams the source into the shadow, counting keys.
-//! 4. One `ArcSwap::store` makes the shadow the live filter.
+//! 4. One publish makes the shadow the live filter: for checks' read
+//!    sections first, then for inserts (see `LiveState::publish`); the set
+//!    it replaced is freed once no section can still be reading it.
 //!
 //! The shadow must exist before the source is read, so its size is a guess:
 //! the larger of the configured items and the best count at hand (the last

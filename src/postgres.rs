@@ -54,12 +54,13 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 ///
 /// A pass runs where the guard rebuilds: its maintenance task, a fleet
 /// member's recovery, a caller of [`Guard::rebuild`](crate::Guard::rebuild).
-/// A sqlx connection works only while the runtime that opened it runs:
-/// where rebuilds run on a runtime of their own, give the source a pool of
-/// its own, or a connection a pass opened into the service's pool fails the
-/// service's queries once that runtime stops. Make it lazy and without idle
-/// reaping (`connect_lazy_with`, `idle_timeout(None)`, `max_lifetime(None)`),
-/// so that it starts no task on the runtime that builds it.
+/// A sqlx connection works only while the runtime that opened it runs, so a
+/// pool serves one runtime: where rebuilds run on a runtime of their own,
+/// give the source a pool of its own, or a connection a pass opened into
+/// the service's pool fails the service's queries once that runtime stops.
+/// Make it lazy and without idle reaping (`connect_lazy_with`,
+/// `idle_timeout(None)`, `max_lifetime(None)`), so that it starts no task
+/// on the runtime that builds it.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

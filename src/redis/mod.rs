@@ -10,9 +10,10 @@
 //! being rebuilt. A source's pass on a plain Redis runs on a connection of
 //! its own that does not reconnect: a pass a restart cut short fails, and
 //! is retried. Both kinds of connection run a task on the runtime that made
-//! or last remade them; where that runtime stops (a warm-up runtime, a test
-//! of its own), the next call fails and the one after it connects again on
-//! its own runtime.
+//! them (a manager: that last remade it). A cluster connection whose
+//! runtime stopped (a warm-up runtime, a test of its own) is made again on
+//! the runtime of the next call; a manager's next call fails, and the one
+//! after it reconnects on its own runtime.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -23,6 +24,8 @@ use std::time::Duration;
 
 use futures_util::{TryStreamExt, stream};
 use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClient;
@@ -58,47 +61,56 @@ enum Target {
     },
 }
 
-/// The cluster connection a source's or loader's clones share, made again
-/// after a call finds it dropped. The redis crate runs a cluster
-/// connection's driver as a task on the runtime that made it, and nothing
-/// makes it again once that runtime stops (a connection manager to one node
-/// does), so the next call makes one on its own runtime.
+/// The cluster connection a source's or loader's clones share. The redis
+/// crate runs its driver as a task on the runtime that made it, and the
+/// connection fails every call for good once that runtime stops, so a
+/// witness task on the same runtime tells when to make another.
 #[derive(Default)]
-struct ClusterSlot(tokio::sync::Mutex<MadeCluster>);
+struct ClusterSlot {
+    made: ArcSwapOption<MadeCluster>,
+    /// Held while one is made, so that callers wait for one attempt.
+    making: tokio::sync::Mutex<()>,
+}
 
-#[derive(Default)]
 struct MadeCluster {
-    connection: Option<ClusterConnection>,
-    /// How many connections the slot has made: which one a call used.
-    made: u64,
+    connection: ClusterConnection,
+    /// Held by a task on the runtime that made the connection, which drops
+    /// it when it stops.
+    runtime_alive: std::sync::Weak<()>,
 }
 
 impl ClusterSlot {
-    /// Clears the slot if it still holds the connection that failed.
-    async fn forget(&self, made: u64) {
-        let mut slot = self.0.lock().await;
-        if slot.made == made {
-            slot.connection = None;
-        }
+    fn usable(&self) -> Option<ClusterConnection> {
+        let made = self.made.load();
+        let made = made.as_ref()?;
+        (made.runtime_alive.strong_count() > 0).then(|| made.connection.clone())
     }
-}
 
-/// A call on the cluster connection: failed after `timeout`, and the slot
-/// cleared when the connection was dropped.
-async fn on_cluster<T>(
-    slot: &ClusterSlot,
-    made: u64,
-    timeout: Duration,
-    call: impl Future<Output = redis::RedisResult<T>>,
-) -> redis::RedisResult<T> {
-    let answer = within(timeout, call).await;
-    if answer
-        .as_ref()
-        .is_err_and(RedisError::is_connection_dropped)
-    {
-        slot.forget(made).await;
+    async fn get(
+        &self,
+        client: &ClusterClient,
+        timeout: Duration,
+    ) -> Result<ClusterConnection, RedisError> {
+        if let Some(connection) = self.usable() {
+            return Ok(connection);
+        }
+        let _making = self.making.lock().await;
+        if let Some(connection) = self.usable() {
+            return Ok(connection);
+        }
+        let connection = within(timeout, client.get_async_connection()).await?;
+        let alive = Arc::new(());
+        let runtime_alive = Arc::downgrade(&alive);
+        tokio::spawn(async move {
+            let _alive = alive;
+            std::future::pending::<()>().await;
+        });
+        self.made.store(Some(Arc::new(MadeCluster {
+            connection: connection.clone(),
+            runtime_alive,
+        })));
+        Ok(connection)
     }
-    answer
 }
 
 /// A connection made: to a node, or to the cluster (which routes each
@@ -109,12 +121,7 @@ enum Live {
     /// One `SCAN` pass's own connection to a node, which does not reconnect
     /// (see [`Connection::for_pass`]).
     Pass(MultiplexedConnection),
-    Cluster {
-        connection: ClusterConnection,
-        slot: Arc<ClusterSlot>,
-        made: u64,
-        timeout: Duration,
-    },
+    Cluster(ClusterConnection, Duration),
 }
 
 impl redis::aio::ConnectionLike for Live {
@@ -122,17 +129,10 @@ impl redis::aio::ConnectionLike for Live {
         match self {
             Self::Node(manager) => manager.req_packed_command(cmd),
             Self::Pass(connection) => connection.req_packed_command(cmd),
-            Self::Cluster {
-                connection,
-                slot,
-                made,
-                timeout,
-            } => Box::pin(on_cluster(
-                slot,
-                *made,
-                *timeout,
-                connection.req_packed_command(cmd),
-            )),
+            Self::Cluster(cluster, timeout) => {
+                let timeout = *timeout;
+                Box::pin(within(timeout, cluster.req_packed_command(cmd)))
+            }
         }
     }
 
@@ -145,17 +145,13 @@ impl redis::aio::ConnectionLike for Live {
         match self {
             Self::Node(manager) => manager.req_packed_commands(pipeline, offset, count),
             Self::Pass(connection) => connection.req_packed_commands(pipeline, offset, count),
-            Self::Cluster {
-                connection,
-                slot,
-                made,
-                timeout,
-            } => Box::pin(on_cluster(
-                slot,
-                *made,
-                *timeout,
-                connection.req_packed_commands(pipeline, offset, count),
-            )),
+            Self::Cluster(cluster, timeout) => {
+                let timeout = *timeout;
+                Box::pin(within(
+                    timeout,
+                    cluster.req_packed_commands(pipeline, offset, count),
+                ))
+            }
         }
     }
 
@@ -163,7 +159,7 @@ impl redis::aio::ConnectionLike for Live {
         match self {
             Self::Node(manager) => manager.get_db(),
             Self::Pass(connection) => connection.get_db(),
-            Self::Cluster { connection, .. } => connection.get_db(),
+            Self::Cluster(cluster, _) => cluster.get_db(),
         }
     }
 }
@@ -221,21 +217,8 @@ impl Connection {
                 Ok(Live::Node(manager.clone()))
             }
             Target::Cluster { client, connection } => {
-                let mut made = connection.0.lock().await;
-                let live = match &made.connection {
-                    Some(live) => live.clone(),
-                    None => {
-                        let live = client.get_async_connection().await?;
-                        made.made += 1;
-                        made.connection.insert(live).clone()
-                    }
-                };
-                Ok(Live::Cluster {
-                    connection: live,
-                    slot: Arc::clone(connection),
-                    made: made.made,
-                    timeout: self.response_timeout,
-                })
+                let connection = connection.get(client, self.response_timeout).await?;
+                Ok(Live::Cluster(connection, self.response_timeout))
             }
         }
     }
@@ -443,21 +426,13 @@ impl RedisSource {
         command: &redis::Cmd,
     ) -> Result<T, RedisError> {
         match (live.clone(), node) {
-            (
-                Live::Cluster {
-                    mut connection,
-                    slot,
-                    made,
-                    timeout,
-                },
-                Some(node),
-            ) => {
+            (Live::Cluster(mut cluster, timeout), Some(node)) => {
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                     host: node.host.clone(),
                     port: node.port,
                 });
-                let call = connection.route_command(command.clone(), routing);
-                let reply = on_cluster(&slot, made, timeout, call).await?;
+                let reply =
+                    within(timeout, cluster.route_command(command.clone(), routing)).await?;
                 Ok(redis::from_redis_value(reply)?)
             }
             (mut live, _) => command.query_async(&mut live).await,

@@ -9,6 +9,10 @@ use std::time::Duration;
 pub(crate) struct RedisServer {
     pub(crate) port: u16,
     child: Option<Child>,
+    /// Its working directory, of its own: started in the caller's, it would
+    /// load a `dump.rdb` lying there (a replica's full sync writes one) and
+    /// begin with its keys.
+    dir: std::path::PathBuf,
 }
 
 impl RedisServer {
@@ -38,9 +42,17 @@ impl RedisServer {
     }
 
     fn spawn(port: u16, extra_args: &[&str]) -> Self {
+        static SPAWNED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let spawned = SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("bloomguard-redis-{}-{spawned}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A `--dir` among `extra_args` comes later and wins.
         let spawned = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&dir)
             .args(extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -53,6 +65,7 @@ impl RedisServer {
         let mut server = Self {
             port,
             child: Some(child),
+            dir,
         };
         server.wait_until_up();
         server
@@ -116,5 +129,6 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

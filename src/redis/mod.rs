@@ -77,6 +77,8 @@ struct MadeCluster {
     /// Held by a task on the runtime that made the connection, which drops
     /// it when it stops.
     runtime_alive: std::sync::Weak<()>,
+    /// Ends that task when this is dropped (its slot dropped or remade).
+    _ends_witness: tokio::sync::oneshot::Sender<()>,
 }
 
 impl ClusterSlot {
@@ -101,13 +103,15 @@ impl ClusterSlot {
         let connection = within(timeout, client.get_async_connection()).await?;
         let alive = Arc::new(());
         let runtime_alive = Arc::downgrade(&alive);
+        let (ends_witness, ended) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             let _alive = alive;
-            std::future::pending::<()>().await;
+            let _ = ended.await;
         });
         self.made.store(Some(Arc::new(MadeCluster {
             connection: connection.clone(),
             runtime_alive,
+            _ends_witness: ends_witness,
         })));
         Ok(connection)
     }

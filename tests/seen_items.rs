@@ -10,7 +10,6 @@ mod seen_items;
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use clap::Parser;
 use common::redis_server::RedisServer;
@@ -281,14 +280,10 @@ fn a_rebuild_on_the_maintenance_runtime_leaves_the_requests_a_working_pool() {
     // hold them, so that a pass sharing the pool would open one of its own.
     let requests_pool = store.requests_pool().clone();
     let held = requests.block_on(async {
-        let settled = tokio::time::timeout(Duration::from_secs(10), async {
-            while requests_pool.num_idle() < requests_pool.size() as usize {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        });
-        settled
-            .await
-            .expect("the requests' connections went back to their pool");
+        common::wait_until("the requests' connections back in their pool", || {
+            requests_pool.num_idle() >= requests_pool.size() as usize
+        })
+        .await;
         let mut held = Vec::new();
         for _ in 0..requests_pool.size() {
             held.push(requests_pool.acquire().await.unwrap());
@@ -312,13 +307,10 @@ fn a_rebuild_on_the_maintenance_runtime_leaves_the_requests_a_working_pool() {
                 .unwrap_or_else(|error| panic!("the pass: {error}"));
             // The runtime runs on, as the maintenance task's does, until the
             // pass's connection is back in its pool.
-            let back = tokio::time::timeout(Duration::from_secs(10), async {
-                while rebuilds_pool.num_idle() == 0 {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            });
-            back.await
-                .expect("the pass's connection went back to its pool");
+            common::wait_until("the pass's connection back in its pool", || {
+                rebuilds_pool.num_idle() > 0
+            })
+            .await;
             batches.iter().map(|batch| batch.len()).sum::<usize>()
         })
     })

@@ -166,7 +166,7 @@ impl RedisCluster {
 
     /// Kills the node on `port` (SIGKILL, by PID).
     pub(crate) fn kill(&mut self, port: u16) {
-        let index = self.ports.iter().position(|&p| p == port).unwrap();
+        let index = self.index_of(port);
         if let Some(mut child) = self.nodes.get_mut(index).and_then(Option::take) {
             let _ = child.kill();
             let _ = child.wait();
@@ -200,12 +200,21 @@ impl RedisCluster {
     }
 
     fn signal(&self, port: u16, signal: libc::c_int) {
-        let index = self.ports.iter().position(|&p| p == port).unwrap();
-        let pid = self.nodes[index].as_ref().expect("a live node").id();
+        let pid = self.nodes[self.index_of(port)]
+            .as_ref()
+            .expect("a live node")
+            .id();
         // SAFETY: kill(2) with the PID of a child this cluster started and
         // has not reaped (it is still in `nodes`), so the PID is not reused.
         let sent = unsafe { libc::kill(pid as libc::pid_t, signal) };
         assert_eq!(sent, 0, "{}", std::io::Error::last_os_error());
+    }
+
+    fn index_of(&self, port: u16) -> usize {
+        self.ports
+            .iter()
+            .position(|&p| p == port)
+            .expect("a node of this cluster")
     }
 
     /// Waits until the cluster serves every slot again (after a failover).

@@ -43,9 +43,9 @@ impl RedisServer {
 
     fn spawn(port: u16, extra_args: &[&str]) -> Self {
         static SPAWNED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let spawned = SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let nth = SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir =
-            std::env::temp_dir().join(format!("bloomguard-redis-{}-{spawned}", std::process::id()));
+            std::env::temp_dir().join(format!("bloomguard-redis-{}-{nth}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         // A `--dir` among `extra_args` comes later and wins.
         let spawned = Command::new("redis-server")

@@ -28,10 +28,6 @@ pub(crate) struct StripedCounters<const N: usize> {
     stripes: Box<[Stripe<N>]>,
 }
 
-/// One striped counter.
-#[cfg(feature = "guard")]
-pub(crate) type StripedCounter = StripedCounters<1>;
-
 #[cfg(feature = "guard")]
 impl<const N: usize> StripedCounters<N> {
     pub(crate) fn new() -> Self {
@@ -56,6 +52,23 @@ impl<const N: usize> StripedCounters<N> {
 
     pub(crate) fn sum(&self, counter: usize) -> u64 {
         self.sum_with(counter, Ordering::Relaxed)
+    }
+
+    /// Reads counter `counter` in each stripe not yet in `seen` (a bit per
+    /// stripe; there are at most 64) and adds those found at zero; returns
+    /// whether every stripe is in `seen` now.
+    pub(crate) fn mark_stripes_at_zero(
+        &self,
+        counter: usize,
+        seen: &mut u64,
+        order: Ordering,
+    ) -> bool {
+        for (index, stripe) in self.stripes.iter().enumerate() {
+            if *seen & (1 << index) == 0 && stripe[counter].load(order) == 0 {
+                *seen |= 1 << index;
+            }
+        }
+        seen.count_ones() as usize == self.stripes.len()
     }
 
     pub(crate) fn sum_with(&self, counter: usize, order: Ordering) -> u64 {

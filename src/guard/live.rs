@@ -8,7 +8,7 @@ use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
 use super::sections::{self, Published, Record};
-use super::writes::WriteTracker;
+use super::writes::{QuietWait, WriteTracker};
 use crate::error::{FilterParameter, IncompatibleFilters};
 use crate::filter::{AtomicBloom, Probe};
 use crate::sync::unpoisoned;
@@ -43,7 +43,21 @@ pub(crate) struct LiveState {
     /// Pending-write counts of earlier rebuilds' shadows, committed or
     /// abandoned. Only the counts are kept, so no replaced filter stays in
     /// memory for them.
-    earlier_writes: Mutex<Vec<Arc<WriteTracker>>>,
+    earlier_writes: Mutex<Vec<EarlierWrites>>,
+}
+
+/// A retired shadow's pending-write count, with how far the current wait
+/// has come with it.
+struct EarlierWrites {
+    writes: Arc<WriteTracker>,
+    wait: QuietWait,
+}
+
+/// One rebuild's wait for the inserts that may have missed its shadow
+/// ([`LiveState::writes_quiet`]): how far it has come with the guard's own
+/// count.
+pub(crate) struct WritesWait {
+    own: QuietWait,
 }
 
 impl LiveState {
@@ -111,17 +125,29 @@ impl LiveState {
         &self.writes
     }
 
+    /// Begins a wait for the inserts that may have missed the shadow
+    /// installed last.
+    pub(crate) fn begin_writes_wait(&self) -> WritesWait {
+        for earlier in unpoisoned(self.earlier_writes.lock()).iter_mut() {
+            earlier.wait = QuietWait::default();
+        }
+        WritesWait {
+            own: QuietWait::default(),
+        }
+    }
+
     /// Whether every insert that may have missed the shadow installed last
     /// is done: the set's own count, then the earlier shadows' (a pending
     /// write moves from the first to the second, never back). An earlier
-    /// tracker is dropped only once it is quiet *after* the own count was:
-    /// until then a write counted in the own one may still move into it.
-    pub(crate) fn writes_quiet(&self) -> bool {
-        if !self.writes.is_quiet() {
+    /// tracker is read only once the own count was quiet, and dropped once
+    /// it is quiet too: until then a write counted in the own one may still
+    /// move into it.
+    pub(crate) fn writes_quiet(&self, wait: &mut WritesWait) -> bool {
+        if !self.writes.is_quiet(&mut wait.own) {
             return false;
         }
         let mut earlier = unpoisoned(self.earlier_writes.lock());
-        earlier.retain(|writes| !writes.is_quiet());
+        earlier.retain_mut(|earlier| !earlier.writes.is_quiet(&mut earlier.wait));
         earlier.is_empty()
     }
 
@@ -171,7 +197,10 @@ impl LiveState {
     }
 
     fn retire_writes(&self, shadow: &Shadow) {
-        unpoisoned(self.earlier_writes.lock()).push(Arc::clone(&shadow.writes));
+        unpoisoned(self.earlier_writes.lock()).push(EarlierWrites {
+            writes: Arc::clone(&shadow.writes),
+            wait: QuietWait::default(),
+        });
     }
 
     /// Keeps the newest `keep - 1` generations and opens the one `open`
@@ -653,20 +682,24 @@ mod tests {
         let state = LiveState::new(LiveSet::warming().serving(vec![Arc::new(generation())]));
         let first = new_shadow();
         state.install_shadow(Arc::clone(&first));
-        let stripe = state.writes().enter();
+        let counted = state.writes().enter();
         let seen = state.load_full();
         assert!(state.commit_shadow(&first));
         state.install_shadow(new_shadow());
-        assert!(!state.writes_quiet(), "the write is counted in the guard");
-        let shadow_stripe = state
-            .writes()
-            .move_to(stripe, &seen.shadow.as_ref().unwrap().writes);
+        let mut wait = state.begin_writes_wait();
         assert!(
-            !state.writes_quiet(),
+            !state.writes_quiet(&mut wait),
+            "the write is counted in the guard"
+        );
+        let counted_there = state
+            .writes()
+            .move_to(counted, &seen.shadow.as_ref().unwrap().writes);
+        assert!(
+            !state.writes_quiet(&mut wait),
             "the write is counted in the first shadow's tracker now"
         );
-        seen.shadow.as_ref().unwrap().writes.exit(shadow_stripe);
-        assert!(state.writes_quiet(), "the write is done");
+        seen.shadow.as_ref().unwrap().writes.exit(counted_there);
+        assert!(state.writes_quiet(&mut wait), "the write is done");
     }
 
     /// A set replaced from a snapshot while a rebuild's shadow is installed:

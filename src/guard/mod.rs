@@ -520,20 +520,20 @@ impl Guard {
     pub fn insert(&self, key: impl AsRef<[u8]>) {
         let hash = self.hash(key.as_ref());
         let writes = self.inner.live.writes();
-        let stripe = writes.enter();
+        let counted = writes.enter();
         let live = self.inner.live.load();
         match &live.shadow {
             // The key goes into the filter being built: its build need not
             // wait for this insert, so the count moves to that filter's own
             // tracker before the insert runs (see `writes`).
             Some(shadow) => {
-                let shadow_stripe = writes.move_to(stripe, &shadow.writes);
+                let counted_there = writes.move_to(counted, &shadow.writes);
                 self.insert_into(&live, hash);
-                shadow.writes.exit(shadow_stripe);
+                shadow.writes.exit(counted_there);
             }
             None => {
                 self.insert_into(&live, hash);
-                writes.exit(stripe);
+                writes.exit(counted);
             }
         }
     }
@@ -544,17 +544,17 @@ impl Guard {
     pub fn begin_write(&self, key: impl AsRef<[u8]>) -> PendingWrite {
         let hash = self.hash(key.as_ref());
         let writes = self.inner.live.writes();
-        let stripe = writes.enter();
+        let counted = writes.enter();
         let live = self.inner.live.load();
         self.insert_into(&live, hash);
         let held = match &live.shadow {
             Some(shadow) => {
                 // The key is in the filter being built: that build does not
                 // need to wait, but the next one must.
-                let shadow_stripe = writes.move_to(stripe, &shadow.writes);
-                HeldIn::Shadow(Arc::clone(&shadow.writes), shadow_stripe)
+                let counted_there = writes.move_to(counted, &shadow.writes);
+                HeldIn::Shadow(Arc::clone(&shadow.writes), counted_there)
             }
-            None => HeldIn::Guard(stripe),
+            None => HeldIn::Guard(counted),
         };
         PendingWrite {
             guard: self.clone(),

@@ -219,7 +219,9 @@ impl Guard {
     /// Waits until every insert begun before the shadow was installed has
     /// finished, abandoned rebuilds' pending writes included.
     async fn wait_for_earlier_writes(&self) {
-        while !self.inner.live.writes_quiet() {
+        let live = &self.inner.live;
+        let mut wait = live.begin_writes_wait();
+        while !live.writes_quiet(&mut wait) {
             tokio::time::sleep(PENDING_WRITES_POLL).await;
         }
     }

@@ -11,9 +11,11 @@
 //! until it is dropped. One that finds a new filter installed moves its
 //! count at once to that filter's own tracker, since its key is in the
 //! filter being built. After installing, a rebuild waits until the guard's
-//! count, and the trackers of earlier builds, are zero. (Counting every
-//! insert in the guard's count for its whole run left a rebuild no moment
-//! at zero under threads inserting in tight loops.)
+//! count, and the trackers of earlier builds, are drained (see
+//! `WriteTracker::is_quiet`). (Counting every insert in the guard's count
+//! for its whole run left a rebuild no moment at zero under threads
+//! inserting in tight loops; so did waiting for the whole count at zero
+//! once a new filter was installed, under 64 such threads.)
 //!
 //! When a build ends, its tracker joins the ones the next rebuild waits
 //! for: a key counted there is in that build's filter (or, if the build was
@@ -24,65 +26,123 @@ use std::sync::Arc;
 
 use super::Guard;
 
-use crate::stats::StripedCounter;
-use crate::sync::{Ordering, fence};
+use crate::stats::StripedCounters;
+use crate::sync::{AtomicU64, Ordering, fence};
 
-/// Per-thread stripes of "inserts in progress"; each is undone in the stripe
-/// it was made in, so that every stripe is a count ≥ 0 and a zero sum read
-/// after installing means that no insert that missed the install is left.
+/// Per-thread stripes of "inserts in progress", on two sides: new inserts
+/// count on the side `side` names, and a wait drains one side while the
+/// other takes them (see [`is_quiet`](Self::is_quiet)). Each insert is
+/// undone in the stripe and side it was made in, so every count is ≥ 0.
 pub(crate) struct WriteTracker {
-    in_flight: StripedCounter,
+    in_flight: StripedCounters<2>,
+    /// The side new inserts count on (0 or 1).
+    side: AtomicU64,
+}
+
+/// Where an insert was counted in, to count it out of the same place.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CountedIn {
+    stripe: usize,
+    side: usize,
 }
 
 impl WriteTracker {
     pub(crate) fn new() -> Self {
         Self {
-            in_flight: StripedCounter::new(),
+            in_flight: StripedCounters::new(),
+            side: AtomicU64::new(0),
         }
     }
 
-    /// Counts an insert in; returns the stripe to count it out of. Call it
-    /// before loading the live filters.
+    /// Counts an insert in; returns where to count it out. Call it before
+    /// loading the live filters.
     #[inline]
-    pub(crate) fn enter(&self) -> usize {
-        let stripe = self.in_flight.current_stripe();
+    pub(crate) fn enter(&self) -> CountedIn {
+        let counted = CountedIn {
+            stripe: self.in_flight.current_stripe(),
+            // Any side will do for the handshake: a wait reads both.
+            side: self.side.load(Ordering::Relaxed) as usize,
+        };
         self.in_flight
-            .add_in_stripe(stripe, 0, 1, Ordering::Relaxed);
+            .add_in_stripe(counted.stripe, counted.side, 1, Ordering::Relaxed);
         // Pairs with the fence in `is_quiet`: either this insert's load of the
         // live filters sees the new filter installed, or the rebuild's read of
         // the count sees this insert.
         fence(Ordering::SeqCst);
-        stripe
+        counted
     }
 
     #[inline]
-    pub(crate) fn exit(&self, stripe: usize) {
+    pub(crate) fn exit(&self, counted: CountedIn) {
         self.in_flight
-            .add_in_stripe(stripe, 0, u64::MAX, Ordering::Release);
+            .add_in_stripe(counted.stripe, counted.side, u64::MAX, Ordering::Release);
     }
 
-    /// Moves a write counted in at `stripe` to the tracker of the filter
-    /// being built, `to`; returns the stripe to count it out of there. In
-    /// before out, so that no moment finds it counted nowhere.
+    /// Moves a write counted in here to the tracker of the filter being
+    /// built, `to`; returns where to count it out there. In before out, so
+    /// that no moment finds it counted nowhere.
     #[inline]
-    pub(crate) fn move_to(&self, stripe: usize, to: &WriteTracker) -> usize {
+    pub(crate) fn move_to(&self, counted: CountedIn, to: &WriteTracker) -> CountedIn {
         let moved = to.enter();
-        self.exit(stripe);
+        self.exit(counted);
         moved
     }
 
-    /// Whether no insert counted in before the caller's last store of the live
-    /// filters is still in progress.
-    pub(crate) fn is_quiet(&self) -> bool {
-        fence(Ordering::SeqCst);
-        self.in_flight.sum_with(0, Ordering::Acquire) == 0
+    /// Whether no insert counted in before the caller's last store of the
+    /// live filters is still in progress; `wait` carries what earlier calls
+    /// of the same wait found (start each wait with a new one).
+    ///
+    /// Every insert passes through the guard's count before it finds a new
+    /// filter, so with many threads inserting in tight loops the count is
+    /// almost never at zero (64 threads on two cores: not once in 10 s). So
+    /// the wait drains one side at a time: it sends new inserts to the other
+    /// side, then waits for each stripe of the old one to be read at zero
+    /// once, and does the same for the other side. Both sides are read after
+    /// the store, so an insert that missed the new filter is seen on
+    /// whichever side it counted (the fences pair: had the read missed its
+    /// count-in, its load would have found the new filter); a stripe read at
+    /// zero after its count-in has counted it out. A side being drained gets
+    /// no new inserts but those that read the side before the switch.
+    pub(crate) fn is_quiet(&self, wait: &mut QuietWait) -> bool {
+        while wait.sides_drained < 2 {
+            let side = *wait
+                .draining
+                .get_or_insert_with(|| self.side.fetch_xor(1, Ordering::Relaxed) as usize);
+            fence(Ordering::SeqCst);
+            if !self.in_flight.mark_stripes_at_zero(
+                side,
+                &mut wait.stripes_at_zero,
+                Ordering::Acquire,
+            ) {
+                return false;
+            }
+            *wait = QuietWait {
+                sides_drained: wait.sides_drained + 1,
+                ..QuietWait::default()
+            };
+        }
+        true
     }
+}
+
+/// How far one wait for a [`WriteTracker`] has come
+/// ([`WriteTracker::is_quiet`]).
+#[derive(Debug, Default)]
+pub(crate) struct QuietWait {
+    sides_drained: u8,
+    /// The side being drained, once new inserts were sent to the other.
+    draining: Option<usize>,
+    /// The stripes of that side found at zero (a bit per stripe).
+    stripes_at_zero: u64,
 }
 
 impl std::fmt::Debug for WriteTracker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WriteTracker")
-            .field("in_flight", &self.in_flight.sum(0))
+            .field(
+                "in_flight",
+                &self.in_flight.sum(0).wrapping_add(self.in_flight.sum(1)),
+            )
             .finish()
     }
 }
@@ -115,10 +175,10 @@ pub struct PendingWrite {
 /// Which count a [`PendingWrite`] holds.
 pub(crate) enum HeldIn {
     /// No filter is being built: the next rebuild must wait for this write.
-    Guard(usize),
+    Guard(CountedIn),
     /// The key is in the filter being built too, so that build need not
     /// wait; the next one does, through this count of that filter's.
-    Shadow(Arc<WriteTracker>, usize),
+    Shadow(Arc<WriteTracker>, CountedIn),
 }
 
 impl Drop for PendingWrite {
@@ -126,8 +186,8 @@ impl Drop for PendingWrite {
         self.guard.renew_when_written(self.hash);
         self.guard.close_pending_write(self.hash, self.timed);
         match &self.held {
-            HeldIn::Guard(stripe) => self.guard.inner.live.writes().exit(*stripe),
-            HeldIn::Shadow(writes, stripe) => writes.exit(*stripe),
+            HeldIn::Guard(counted) => self.guard.inner.live.writes().exit(*counted),
+            HeldIn::Shadow(writes, counted) => writes.exit(*counted),
         }
     }
 }
@@ -164,17 +224,19 @@ mod loom_tests {
             let writer = {
                 let (tracker, installed) = (Arc::clone(&tracker), Arc::clone(&installed));
                 loom::thread::spawn(move || {
-                    let stripe = tracker.enter();
+                    let counted = tracker.enter();
                     let saw_the_new_filter = installed.load(Ordering::Relaxed);
                     if saw_the_new_filter {
-                        tracker.exit(stripe);
+                        tracker.exit(counted);
                     }
                     // Otherwise the write is still pending: the count stays.
                     saw_the_new_filter
                 })
             };
             installed.store(true, Ordering::Relaxed);
-            let quiet = tracker.is_quiet();
+            // Two polls of one wait, which switches sides between them.
+            let mut wait = QuietWait::default();
+            let quiet = tracker.is_quiet(&mut wait) || tracker.is_quiet(&mut wait);
             let saw_the_new_filter = writer.join().unwrap();
             assert!(
                 saw_the_new_filter || !quiet,
@@ -200,13 +262,13 @@ mod loom_tests {
                     Arc::clone(&installed),
                 );
                 loom::thread::spawn(move || {
-                    let stripe = guard_writes.enter();
+                    let counted = guard_writes.enter();
                     let saw = installed.load(Ordering::Relaxed);
                     match saw {
                         1 => {
-                            guard_writes.move_to(stripe, &first_filter_writes);
+                            guard_writes.move_to(counted, &first_filter_writes);
                         }
-                        2 => guard_writes.exit(stripe),
+                        2 => guard_writes.exit(counted),
                         _ => {}
                     }
                     // The store write is still pending: nothing else exits.
@@ -215,7 +277,8 @@ mod loom_tests {
             };
             installed.store(1, Ordering::Relaxed);
             installed.store(2, Ordering::Relaxed);
-            let quiet = guard_writes.is_quiet() && first_filter_writes.is_quiet();
+            let quiet = guard_writes.is_quiet(&mut QuietWait::default())
+                && first_filter_writes.is_quiet(&mut QuietWait::default());
             let saw = writer.join().unwrap();
             assert!(
                 saw == 2 || !quiet,

@@ -118,8 +118,10 @@ impl<F> fmt::Debug for KeyFn<F> {
 /// routed to a `nest_service` or a fallback has no matched route (such a
 /// service routes for itself): the guard lets it through, whether its layer
 /// is the router's or wraps the service itself, and says so once at WARN.
-/// Guard such a service with a layer of its own `Router`, or route it with
-/// `route_service("/items/{id}", …)`. Taking the key from the matched
+/// Guard such a service with a layer inside its own `Router`, where its
+/// routes are matched. (Routing it with `route_service("/items/{id}", …)`
+/// would not do: the outer route then matches `/items/featured` too, which
+/// the service may serve itself.) Taking the key from the matched
 /// route needs the layer inside the router (`Router::layer`,
 /// `route_layer`): one wrapped
 /// around the router from outside (`GuardLayer::layer(router)`, a
@@ -153,9 +155,10 @@ impl<F> fmt::Debug for KeyFn<F> {
 ///   requests through unguarded: give it the whole template,
 ///   `/api/items/{id}`). It cannot tell what a `nest` stripped: a layer
 ///   inside `nest("/users/{u}", …)` keys `/items/{id}`'s id alone, while
-///   the handler gets both captures and may store another key. Put the
-///   layers above such a nest with the whole template, turn the feature
-///   on, or key with a [`key_fn`] that reads both.
+///   the handler gets both captures and may store another key. Turn the
+///   feature on (it is on by default), or key with a [`key_fn`] that reads
+///   both captures (a `PathKey` takes one: the whole template
+///   `/users/{u}/items/{id}` has two).
 ///
 /// An [`InsertLayer`](crate::InsertLayer) keys a write wherever the path
 /// ends with the template from its parameter on (the literals before it
@@ -454,8 +457,8 @@ fn report_unmatched_route() {
         tracing::warn!(
             "PathKey lets through requests that an axum router routed to a nest_service or a \
              fallback (no matched route: it cannot tell the template's route from a static \
-             sibling there): guard such a service with a layer of its own Router, or route it \
-             with route_service(\"/items/{{id}}\", …)"
+             sibling there): guard such a service with a layer inside its own Router, where its \
+             routes are matched"
         );
     }
 }

@@ -1400,6 +1400,56 @@ async fn a_clean_up_after_a_failover_spares_the_snapshot_the_new_master_serves()
     );
 }
 
+/// A member recovering where no member can publish (alone here, without a
+/// source) tries the standing snapshot once a lease, and fetched every chunk
+/// of it before finding that the stream was trimmed past it: the whole
+/// filter downloaded again every lease, for as long as it stayed stranded.
+/// It now asks for a snapshot having fetched none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovering_member_fetches_no_chunk_of_a_snapshot_the_stream_was_trimmed_past() {
+    let server = RedisServer::start();
+    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let b = join(guard("b"), proxy.client(), "unfetched").await;
+    b.fleet.insert_then_write("first", async {}).await.unwrap();
+    b.fleet.publish_snapshot().await.unwrap();
+    let mut connection = server.client().get_connection().unwrap();
+    let chunk = first_chunk("unfetched", &manifest(&mut connection, "unfetched"));
+    let mut requests = server.client().get_connection().unwrap();
+    requests
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let requested = tokio::task::spawn_blocking(move || {
+        let mut notices = requests.as_pubsub();
+        notices.subscribe("{unfetched}:notices").unwrap();
+        loop {
+            let notice: String = notices.get_message().unwrap().get_payload().unwrap();
+            if notice == "request" {
+                return;
+            }
+        }
+    });
+    // Entries b has not read, trimmed away with the snapshot's position.
+    proxy.stall();
+    let last = append_entries(&mut connection, "unfetched", "gone", 3);
+    let () = redis::cmd("SET")
+        .arg("{unfetched}:inserts:trimmed")
+        .arg(last)
+        .query(&mut connection)
+        .unwrap();
+    proxy.stall_at(chunk.as_bytes(), StallAt::Before);
+    proxy.resume();
+    tokio::select! {
+        requested = requested => requested.unwrap(),
+        () = wait_until("b to fetch a chunk", || proxy.is_stalled()) => {}
+    }
+    assert!(
+        !proxy.is_stalled(),
+        "b fetched {chunk}, of a snapshot the stream was trimmed past"
+    );
+    assert!(b.fleet.stats().recoveries >= 1, "{:?}", b.fleet.stats());
+    assert!(b.guard().is_fenced());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_the_trimmed_stream_left_behind_recovers_from_a_snapshot() {
     let small =

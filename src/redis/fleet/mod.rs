@@ -134,7 +134,12 @@
 //! whose workers are all blocked (a synchronous call in a handler, on a
 //! `current_thread` runtime) does not hold the fence back; a process paused
 //! as a whole past its lease (a debugger, `SIGSTOP`, a frozen VM) may answer
-//! from a stale set as it resumes, until that thread has run.
+//! from a stale set as it resumes, until that thread has run. A pause that
+//! the monotonic clock does not count (the host suspended; a VM paused, on
+//! hypervisors that stop the guest's clock with it) is unseen by that
+//! thread: the member answers from its set for up to the rest of its lease
+//! after it resumes, though writers counted it out meanwhile. Take a member
+//! out of service before suspending its host.
 //! Redis times leases on its wall clock: a step back begins the record
 //! anew (above), but a step forward by more than an eighth of a lease can
 //! lapse live leases in Redis's eyes, and writers then count out members

@@ -104,6 +104,8 @@ pub(super) enum Notice {
 
 /// One attempt at reading the snapshot.
 enum Read {
+    /// None stands, another than the one asked for, or one the stream was
+    /// trimmed past.
     None,
     /// Its chunks were deleted while we read them.
     Replaced,
@@ -509,6 +511,13 @@ impl FleetSync {
         };
         if !wanted {
             // The keys from before the record began are what is wanted.
+            return Ok(Read::None);
+        }
+        // One the stream no longer continues is refused once read (see
+        // `load_covering_snapshot`), so it is not worth its chunks: a
+        // member recovering where no member can publish would fetch the
+        // whole filter again every lease.
+        if self.trimmed_to().await? > manifest.position {
             return Ok(Read::None);
         }
         let mut encoded = Vec::new();

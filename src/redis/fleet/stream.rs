@@ -196,6 +196,7 @@ impl FleetSync {
             .await?;
         Ok(Appended { entry, since })
     }
+
     /// The newest entry ever trimmed from the stream (`START`: none).
     pub(super) async fn trimmed_to(&self) -> Result<StreamPosition, FleetError> {
         let mut connection = self.inner.connection.get().await?;

@@ -92,17 +92,20 @@ impl WriteTracker {
     /// live filters is still in progress; `wait` carries what earlier calls
     /// of the same wait found (start each wait with a new one).
     ///
-    /// Every insert passes through the guard's count before it finds a new
-    /// filter, so with many threads inserting in tight loops the count is
-    /// almost never at zero (64 threads on two cores: not once in 10 s). So
-    /// the wait drains one side at a time: it sends new inserts to the other
-    /// side, then waits for each stripe of the old one to be read at zero
-    /// once, and does the same for the other side. Both sides are read after
-    /// the store, so an insert that missed the new filter is seen on
-    /// whichever side it counted (the fences pair: had the read missed its
-    /// count-in, its load would have found the new filter); a stripe read at
-    /// zero after its count-in has counted it out. A side being drained gets
-    /// no new inserts but those that read the side before the switch.
+    /// Safety rests on the fence pairing alone: every stripe of both sides
+    /// is read at zero once after the store, and an insert that missed the
+    /// new filter is seen by each such read (had a read missed its count-in,
+    /// its load would have found the new filter), so a read at zero of its
+    /// stripe comes after it counted out, whichever side it counted on.
+    ///
+    /// The two sides are there so that the wait ends. Every insert passes
+    /// through the guard's count before it finds a new filter, so with many
+    /// threads inserting in tight loops the count is almost never at zero
+    /// (64 threads on two cores: not once in 10 s). So the wait sends new
+    /// inserts to the other side, waits for each stripe of the old one to be
+    /// read at zero, and does the same for the other side. A side being
+    /// drained gets no new inserts but one from each thread that read the
+    /// side before its next fence.
     pub(crate) fn is_quiet(&self, wait: &mut QuietWait) -> bool {
         while wait.sides_drained < 2 {
             let side = *wait
@@ -202,6 +205,43 @@ impl std::fmt::Debug for PendingWrite {
             .field("guard", &self.guard.name())
             .field("held_in", &held_in)
             .finish()
+    }
+}
+
+#[cfg(all(test, not(bloomguard_loom)))]
+mod tests {
+    use super::*;
+
+    /// An insert counted on the side the wait drains second (a thread that
+    /// read the side after a switch) keeps the wait open: a wait that
+    /// drained one side only would miss it.
+    #[test]
+    fn a_wait_reads_both_sides() {
+        let tracker = WriteTracker::new();
+        tracker.side.store(1, Ordering::Relaxed);
+        let counted = tracker.enter();
+        tracker.side.store(0, Ordering::Relaxed);
+        let mut wait = QuietWait::default();
+        assert!(!tracker.is_quiet(&mut wait), "an insert still counted");
+        assert!(!tracker.is_quiet(&mut wait), "still counted");
+        tracker.exit(counted);
+        assert!(tracker.is_quiet(&mut wait), "the insert is done");
+    }
+
+    /// A stripe found at zero stays done for the rest of the wait, while
+    /// one still counting holds it.
+    #[test]
+    fn a_wait_keeps_what_it_found_and_waits_for_the_rest() {
+        let tracker = WriteTracker::new();
+        let counted = tracker.enter();
+        let mut wait = QuietWait::default();
+        assert!(!tracker.is_quiet(&mut wait));
+        // New inserts go to the other side now, and finish.
+        let later = tracker.enter();
+        tracker.exit(later);
+        assert!(!tracker.is_quiet(&mut wait), "the first insert is not done");
+        tracker.exit(counted);
+        assert!(tracker.is_quiet(&mut wait));
     }
 }
 

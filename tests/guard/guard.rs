@@ -220,9 +220,9 @@ async fn a_bulk_load_of_inserts_does_not_starve_a_rebuild() {
 /// The same with far more threads than the count has stripes (a stripe per
 /// core, 64 at most): each insert still passes through the count before it
 /// sees the new filter, so with 64 threads one pass finding every stripe at
-/// zero at once was as good as never, and the rebuild timed out. A stripe
-/// seen at zero once since the install holds none of the inserts it waits
-/// for, so the wait now needs each stripe at zero once, not all together.
+/// zero at once was as good as never, and the rebuild timed out (so did a
+/// wait for each stripe at zero once, in half the runs). The wait now sends
+/// new inserts to the count's other side while it drains one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bulk_load_on_many_threads_does_not_starve_a_rebuild() {
     rebuild_during_a_bulk_load(64).await;

@@ -1400,6 +1400,56 @@ async fn a_clean_up_after_a_failover_spares_the_snapshot_the_new_master_serves()
     );
 }
 
+/// A write appended in the fleet record's first lease (after a restart or
+/// a failover) waits that lease out, which nothing but time ends. It looked
+/// at the members every 20 ms meanwhile, each look a script that runs
+/// `INFO`: 50 a second per waiting writer, as Redis comes back. It now
+/// sleeps the lease out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_in_the_records_first_lease_waits_it_out_without_polling() {
+    let server = RedisServer::start();
+    let lease = Duration::from_secs(2);
+    let a = join_with(guard("a"), server.client(), "grace", |builder| {
+        builder.lease(lease)
+    })
+    .await;
+    let mut connection = server.client().get_connection().unwrap();
+    as_after_a_failover(&mut connection, "grace");
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut connection)
+        .unwrap();
+    let started = std::time::Instant::now();
+    a.fleet.insert_then_write("after", async {}).await.unwrap();
+    let waited = started.elapsed();
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut connection)
+        .unwrap();
+    // `cmdstat_evalsha:calls=N,…` (and `eval` where a script was loaded).
+    let scripts: u64 = stats
+        .lines()
+        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
+        .filter_map(|line| {
+            line.split_once("calls=")?
+                .1
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert!(
+        waited >= lease / 2,
+        "the write waited {waited:?}: it was not held by the record's first lease"
+    );
+    // The member's own renewals and reads run a few a lease quarter.
+    assert!(
+        scripts < 40,
+        "{scripts} scripts ran while one write waited {waited:?}"
+    );
+}
+
 /// A member recovering where no member can publish (alone here, without a
 /// source) tries the standing snapshot once a lease, and fetched every chunk
 /// of it before finding that the stream was trimmed past it: the whole

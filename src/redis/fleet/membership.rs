@@ -245,10 +245,11 @@ return {continuous, last, redis.call('ZCARD', KEYS[1]), since, needed, kept, tri
 
 /// Whether every member with a live lease has applied entry `ARGV[1]`,
 /// appended under the record begun at `ARGV[3]`.
-/// Returns `{behind, wait_ms, lost}`: how many have not (or 1 while the
-/// fleet's record is younger than a lease), how long until the last of
-/// their leases, or that grace, runs out, and 1 when the record is another
-/// one (Redis lost its data: no member can apply the entry, and the new
+/// Returns `{behind, wait_ms, grace_ms, lost}`: how many have not, how long
+/// until the last of their leases runs out, how long until the fleet's
+/// record is a lease old (writers wait that out: a member from before a
+/// loss may not know of it yet), and 1 when the record is another one
+/// (Redis lost its data: no member can apply the entry, and the new
 /// stream's positions say nothing of it).
 static ACKNOWLEDGED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -258,14 +259,11 @@ static ACKNOWLEDGED: LazyLock<Script> = LazyLock::new(|| {
             r"
 local since = record_since(KEYS[3], KEYS[4])
 if since ~= tonumber(ARGV[3]) then
-  return {0, 0, 1}
+  return {0, 0, 0, 1}
 end
 local now = now_ms()
-local lease = tonumber(ARGV[2])
+local grace = math.max(0, since + tonumber(ARGV[2]) - now)
 local behind, wait = 0, 0
-if now < since + lease then
-  behind, wait = 1, since + lease - now
-end
 local members = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
 for i = 1, #members, 2 do
   local applied = redis.call('HGET', KEYS[2], members[i])
@@ -274,7 +272,7 @@ for i = 1, #members, 2 do
     wait = math.max(wait, tonumber(members[i + 1]) - now)
   end
 end
-return {behind, wait, 0}
+return {behind, wait, grace, 0}
 ",
         ]
         .concat(),
@@ -297,10 +295,6 @@ return {math.max(0, since + tonumber(ARGV[1]) - now), since}
         .concat(),
     )
 });
-
-/// Longest pause between two looks at the members while waiting, in case a
-/// notice is lost (the notice subscriber reconnecting).
-const LONGEST_POLL: Duration = Duration::from_millis(20);
 
 /// What a renewal found.
 pub(super) struct Renewal {
@@ -500,7 +494,7 @@ impl FleetSync {
         let mut notices = self.inner.applied_notices.subscribe();
         let mut connection = self.inner.connection.get().await?;
         loop {
-            let (behind, wait_ms, lost): (u64, u64, u8) = ACKNOWLEDGED
+            let (behind, wait_ms, grace_ms, lost): (u64, u64, u64, u8) = ACKNOWLEDGED
                 .key(&keys.leases)
                 .key(&keys.applied)
                 .key(&keys.since)
@@ -513,7 +507,7 @@ impl FleetSync {
             if lost == 1 {
                 return Err(FleetError::EntryLost);
             }
-            if behind == 0 {
+            if behind == 0 && grace_ms == 0 {
                 let latency = started.elapsed();
                 self.inner.counters.record_ack(latency);
                 #[cfg(feature = "metrics")]
@@ -527,7 +521,19 @@ impl FleetSync {
                     members_behind: behind,
                 });
             }
-            let pause = Duration::from_millis(wait_ms.max(1)).min(LONGEST_POLL);
+            let grace = Duration::from_millis(grace_ms);
+            if behind == 0 {
+                // Only time ends the record's first lease: no look sooner.
+                let left = self.inner.settings.ack_timeout - waited;
+                tokio::time::sleep(grace.min(left)).await;
+                continue;
+            }
+            // A member's announcement wakes the wait; the longest pause is
+            // for one that is lost (the notice subscriber reconnecting, or
+            // an announcement that failed, which its next renewal makes).
+            let pause = Duration::from_millis(wait_ms.max(1))
+                .max(grace)
+                .min(self.inner.settings.lease / 8);
             tokio::select! {
                 _ = notices.changed() => {}
                 () = tokio::time::sleep(pause) => {}

@@ -155,7 +155,13 @@
 //! All keys of a fleet share the hash tag `{name}`, so they live in one slot:
 //! on a Redis Cluster ([`FleetSync::cluster_builder`]) one master serves the
 //! whole fleet, and [`wait_for_replicas`](FleetSyncBuilder::wait_for_replicas)
-//! keeps the contract across its failover.
+//! keeps the contract across its failover. Moving that slot to another
+//! master (resharding) stops the fleet while it moves: the fleet's scripts
+//! name keys that are absent by design (a snapshot not yet asked for), and
+//! a migrating slot answers such a script `TRYAGAIN`, so members fence and
+//! writes fail until the move ends; the new master then begins a new
+//! record, as a failover does (writes wait out its first lease). Move it
+//! at a quiet time.
 
 mod membership;
 mod position;

@@ -353,11 +353,14 @@ pub enum FleetError {
         fleet: String,
     },
     /// Members holding a live lease did not apply the insert within the
-    /// acknowledgement timeout (and kept renewing their leases).
+    /// acknowledgement timeout (and kept renewing their leases), or the
+    /// fleet's record was still in its first lease (after a restart or a
+    /// failover: writers wait that out) when a timeout shorter than a lease
+    /// ran out.
     Unacknowledged {
         /// How long the writer waited.
         waited: std::time::Duration,
-        /// Members still behind.
+        /// Members still behind; the record's first lease counts as one.
         members_behind: u64,
     },
     /// Redis began a new fleet record (it lost its data, restarted, failed

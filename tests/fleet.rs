@@ -1443,9 +1443,10 @@ async fn a_write_in_the_records_first_lease_waits_it_out_without_polling() {
         waited >= lease / 2,
         "the write waited {waited:?}: it was not held by the record's first lease"
     );
-    // The member's own renewals and reads run a few a lease quarter.
+    // The member's own renewals, reads and announcements ran 27 or so (30
+    // in all on 2026-11-25, three runs); looking every 20 ms made it 122.
     assert!(
-        scripts < 40,
+        scripts < 60,
         "{scripts} scripts ran while one write waited {waited:?}"
     );
 }

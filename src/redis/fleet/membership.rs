@@ -296,6 +296,10 @@ return {math.max(0, since + tonumber(ARGV[1]) - now), since}
     )
 });
 
+/// Longest pause between two looks at members that are behind, where their
+/// announcements go unheard: each look is a script that runs `INFO`.
+const LONGEST_POLL: Duration = Duration::from_millis(100);
+
 /// What a renewal found.
 pub(super) struct Renewal {
     pub(super) sent_at: Instant,
@@ -518,7 +522,7 @@ impl FleetSync {
             if waited >= self.inner.settings.ack_timeout {
                 return Err(FleetError::Unacknowledged {
                     waited,
-                    members_behind: behind,
+                    members_behind: behind + u64::from(grace_ms > 0),
                 });
             }
             let grace = Duration::from_millis(grace_ms);
@@ -533,6 +537,7 @@ impl FleetSync {
             // an announcement that failed, which its next renewal makes).
             let pause = Duration::from_millis(wait_ms.max(1))
                 .max(grace)
+                .min(LONGEST_POLL)
                 .min(self.inner.settings.lease / 8);
             tokio::select! {
                 _ = notices.changed() => {}

@@ -86,8 +86,9 @@ pub struct PgSource {
     first_page: String,
     /// The same, `… WHERE key > $1 ORDER BY key LIMIT $2`.
     next_page: String,
-    /// The keys' type (a domain's base type) and whether their collation is
-    /// deterministic (`NULL`s: no rows).
+    /// The keys' type (a domain's base type), whether their collation is
+    /// deterministic, and its name (`NULL`s: no rows; the last two also
+    /// for a type without collations).
     key_check: String,
     page: i64,
     map_key: Option<KeyMap>,
@@ -112,9 +113,8 @@ impl PgSource {
     fn over(pool: PgPool, relation: &str, key: &str) -> Self {
         Self {
             pool,
-            // A NULL key names no item (and sorts last, where the first
-            // page of a small table reaches it); later pages skip it by `>`.
-            // Each page says whether the server that read it is a standby:
+            // A NULL key names no item: the first page skips it, and later
+            // pages by `>`. Each page says whether the server that read it is a standby:
             // behind a router that balances reads, any page may be read on
             // one (and `pg_is_in_recovery()`, volatile, keeps pgpool's on
             // the primary). One row even for an empty page.
@@ -129,18 +129,24 @@ impl PgSource {
             // The type under every domain (a domain may be over another),
             // and the collation by name, as `pg_collation_for` spells it
             // (quoted, and qualified when not on the search path):
-            // `regcollation` needs PostgreSQL 13.
+            // `regcollation` needs PostgreSQL 13. `pg_collation_for` fails
+            // on a type without collations (an `int` column), whose own
+            // error would hide the one below.
             key_check: format!(
                 "WITH RECURSIVE one AS (SELECT {key} AS key FROM {relation} LIMIT 1), \
                  base(oid, over) AS (SELECT t.oid, t.typbasetype FROM one, pg_type t \
                   WHERE t.oid = pg_typeof(one.key) \
                   UNION ALL SELECT t.oid, t.typbasetype FROM base, pg_type t \
-                  WHERE t.oid = base.over) SELECT \
+                  WHERE t.oid = base.over), \
+                 key_collation AS (SELECT CASE WHEN t.typcollation <> 0 \
+                  THEN pg_collation_for(one.key) COLLATE \"C\" END AS name \
+                  FROM one, pg_type t WHERE t.oid = pg_typeof(one.key)) SELECT \
                  (SELECT format_type(oid, NULL) FROM base WHERE over = 0), \
                  (SELECT bool_and(c.collisdeterministic) \
-                  FROM one, pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace \
-                  WHERE pg_collation_for(one.key) COLLATE \"C\" IN \
-                  (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname)))"
+                  FROM key_collation, pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace \
+                  WHERE key_collation.name COLLATE \"C\" IN \
+                  (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname))), \
+                 (SELECT name FROM key_collation)"
             ),
             page: Self::DEFAULT_PAGE,
             map_key: None,
@@ -188,21 +194,21 @@ impl PgSource {
         Ok(keys)
     }
 
-    /// Fails unless the keys compare byte for byte: text or varchar under a
-    /// deterministic collation. Under one that ignores case or accents,
-    /// `'a'` equals `'A'`, and a page ending at `'A'` goes on with
+    /// How the keys compare; fails unless byte for byte: text or varchar
+    /// under a deterministic collation. Under one that ignores case or
+    /// accents, `'a'` equals `'A'`, and a page ending at `'A'` goes on with
     /// `key > 'A'`, past `'a'`; `citext` orders without case but compares
     /// with a text parameter as text, so under "C" the page after `'a'`
     /// skips `'B'`; `char(n)` pads its keys. (The store's `= $1` would also
     /// find `'A'` for `'a'`, which the guard, holding bytes, answers absent.)
     /// One short statement at each end of a pass.
-    async fn refuse_loosely_compared_keys(&self) -> Result<(), SourceError> {
-        let (key_type, deterministic): (Option<String>, Option<bool>) =
+    async fn key_order(&self) -> Result<KeyOrder, SourceError> {
+        let (key_type, deterministic, collation): (Option<String>, Option<bool>, Option<String>) =
             sqlx::query_as(&self.key_check)
                 .fetch_one(&self.pool)
                 .await
                 .map_err(SourceError::new)?;
-        if let Some(key_type) = key_type
+        if let Some(key_type) = &key_type
             && !matches!(key_type.as_str(), "text" | "character varying")
         {
             return Err(SourceError::new(format!(
@@ -218,28 +224,64 @@ impl PgSource {
                  deterministic collation (COLLATE \"C\", or the database's default)",
             ));
         }
-        Ok(())
+        Ok(KeyOrder {
+            key_type,
+            collation,
+        })
+    }
+}
+
+/// How a pass found the keys to compare: their type and collation (`None`
+/// where the relation had no row).
+#[derive(Clone, Debug)]
+struct KeyOrder {
+    key_type: Option<String>,
+    collation: Option<String>,
+}
+
+impl KeyOrder {
+    /// What changed since `start`, where both saw rows: a migration during
+    /// the pass (another collation) leaves the pages before and after it
+    /// in two orders, and the page after a key can skip keys that sorted
+    /// after it before.
+    fn change_since(&self, start: &KeyOrder) -> Option<String> {
+        let changed = |before: &Option<String>, now: &Option<String>| match (before, now) {
+            (Some(before), Some(now)) if before != now => Some(format!("{before} to {now}")),
+            _ => None,
+        };
+        changed(&start.key_type, &self.key_type)
+            .or_else(|| changed(&start.collation, &self.collation))
     }
 }
 
 impl KeySource for PgSource {
     /// One pass, a page at a time, until a page comes back short.
     fn scan(&self) -> KeyStream<'_> {
-        // `None`: done; `Some(None)`: the first page; `Some(Some(key))`: after `key`.
-        let pages = stream::try_unfold(Some(None::<String>), move |after| async move {
-            let Some(after) = after else {
+        // `None`: done; else the key to read after (`None`: the first page)
+        // and how the keys compared when the pass began.
+        let start = Some((None::<String>, None::<KeyOrder>));
+        let pages = stream::try_unfold(start, move |state| async move {
+            let Some((after, began)) = state else {
                 return Ok::<_, SourceError>(None); // past the last page
             };
-            if after.is_none() {
-                self.refuse_loosely_compared_keys().await?;
-            }
+            let began = match began {
+                Some(began) => began,
+                None => self.key_order().await?,
+            };
             let keys = self.page_after(after.as_deref()).await?;
             let next = (keys.len() as i64 == self.page).then(|| keys.last().cloned());
             if next.is_none() {
                 // Again at the end: a migration during the pass (a column
-                // turned citext) changes how the later pages compare,
-                // with no error, and the pass would look whole.
-                self.refuse_loosely_compared_keys().await?;
+                // turned citext, another collation) changes how the later
+                // pages compare, with no error, and the pass would look
+                // whole.
+                if let Some(change) = self.key_order().await?.change_since(&began) {
+                    return Err(SourceError::new(format!(
+                        "the key column's type or collation changed during the pass \
+                         ({change}): the pages before and after compared keys in two \
+                         orders and may have skipped some; the next pass reads it whole"
+                    )));
+                }
             }
             let batch = keys
                 .iter()
@@ -248,7 +290,10 @@ impl KeySource for PgSource {
                     None => key.as_bytes().to_vec(),
                 })
                 .collect();
-            Ok(Some((batch, next.flatten().map(Some))))
+            Ok(Some((
+                batch,
+                next.flatten().map(|last| (Some(last), Some(began))),
+            )))
         });
         Box::pin(pages)
     }
@@ -357,6 +402,12 @@ where
     }
 
     /// How long one call may take (default [`DEFAULT_TIMEOUT`](Self::DEFAULT_TIMEOUT)).
+    ///
+    /// A call past it is dropped, but PostgreSQL is not told: the
+    /// statement runs on (behind a lock, say), and its connection returns
+    /// to the pool only once it ends. Give the pool's connections a
+    /// `statement_timeout` a little above this one, or timed-out calls can
+    /// hold every connection of the pool.
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;

@@ -324,6 +324,81 @@ async fn keys_under_a_non_deterministic_collation_fail_the_pass() {
     assert_eq!(guard.check("a"), Verdict::MaybePresent);
 }
 
+/// An `int` key column compares as numbers (`'10' < '9'` as text): the pass
+/// fails saying the column must be text. The check itself failed first,
+/// with PostgreSQL's "collations are not supported by type integer".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_int_key_column_fails_the_pass_saying_so() {
+    let server = PostgresServer::start();
+    let pool = server.pool().await;
+    for statement in [
+        "CREATE TABLE numbered (id int PRIMARY KEY)",
+        "INSERT INTO numbered VALUES (9), (10)",
+    ] {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    let guard = guard_from(PgSource::new(pool.clone(), "numbered", "id"));
+    let error = guard.rebuild().await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("is integer, not text or varchar"),
+        "{error}"
+    );
+}
+
+/// A migration during a pass that changes how the key column orders (its
+/// collation) leaves the pages before it and after it in two orders. From
+/// "C" (`B Z a c`) to a linguistic order (`a B c Z`), the page after `Z`,
+/// last in both, is empty: the pass ended whole having read `B` and `Z`,
+/// and the guard answered `Absent` for `a` and `c`. Both collations are
+/// deterministic, which is all each end of the pass checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_across_a_change_of_the_key_columns_collation_fails() {
+    let server = PostgresServer::start();
+    let pool = server.pool().await;
+    for statement in [
+        "CREATE COLLATION linguistic (provider = icu, locale = 'und')",
+        "CREATE TABLE tags (name text COLLATE \"C\" NOT NULL)",
+        "INSERT INTO tags VALUES ('B'), ('Z'), ('a'), ('c')",
+    ] {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
+    let source = PgSource::new(pool.clone(), "tags", "name").page(2);
+    let mut pass = source.scan();
+    let mut read = pass.next().await.unwrap().unwrap();
+    assert_eq!(read, [b"B".to_vec(), b"Z".to_vec()]);
+    sqlx::query("ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE linguistic")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut failed = None;
+    while let Some(batch) = pass.next().await {
+        match batch {
+            Ok(keys) => read.extend(keys),
+            Err(error) => {
+                failed = Some(error);
+                break;
+            }
+        }
+    }
+    let Some(error) = failed else {
+        let read: Vec<_> = read
+            .iter()
+            .map(|key| String::from_utf8_lossy(key))
+            .collect();
+        panic!("the pass ended whole having read {read:?} of the 4 keys");
+    };
+    assert!(
+        error.to_string().contains("changed during the pass"),
+        "{error}"
+    );
+    // A pass under the new collation alone reads every key.
+    let guard = guard_from(PgSource::new(pool.clone(), "tags", "name").page(2));
+    assert_eq!(guard.rebuild().await.unwrap().keys, 4);
+    assert_eq!(guard.check("c"), Verdict::MaybePresent);
+}
+
 /// `citext` orders case-insensitively, but `key > $1` with a text parameter
 /// compares as text: under the "C" collation, `'B' > 'a'` is false, so the
 /// page after `'a'` skipped `'B'`, which the guard then answered absent.

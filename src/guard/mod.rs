@@ -578,6 +578,13 @@ impl Guard {
     /// dropped with this future. `write` must not have started yet (a
     /// `JoinHandle` of a task already spawned runs before the insert).
     ///
+    /// The write is visible when its transaction commits: in an explicit
+    /// transaction, `write` runs through the `COMMIT`, not just the
+    /// statement. A commit whose outcome is unknown (the connection lost
+    /// while it ran) may still land later; keep the cover
+    /// ([`begin_write`](Self::begin_write)) until it is known, or rebuild
+    /// once it is.
+    ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
     /// use std::collections::HashSet;

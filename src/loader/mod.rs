@@ -32,7 +32,10 @@
 //! times its inserts (a [confirmed-absent cache](GuardedLoader::confirmed_absent_cache)
 //! turns that on) and shows no insert of the key since the call began
 //! (minus the write settle), waiters take the "not found"; otherwise they
-//! share one more call, begun after all of them.
+//! share one more call, begun after all of them. A value found is shared
+//! as it is: it may predate an update the waiter completed while the call
+//! ran (updates and deletes stamp nothing), as a value read from a replica
+//! may. Where that matters, read such keys from the store directly.
 //!
 //! So a backend call that never returns holds every later call of its key
 //! (until its first caller is cancelled): bound the loader's calls, as

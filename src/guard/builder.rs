@@ -142,7 +142,9 @@ impl GuardBuilder {
     /// The live filters keep serving, or the guard stays warming if none
     /// was built yet, until the store fits again (each retry reads it).
     /// Leave room for the headroom: at least `headroom` times the store's
-    /// filter.
+    /// filter. In a fleet, a member adopts the fleet's snapshot whatever
+    /// its filters take (the budget is not among the settings members
+    /// compare): give every member the same budget.
     pub fn max_bytes(mut self, max_bytes: u64) -> Self {
         self.filters = self.filters.max_bytes(max_bytes);
         self

@@ -40,7 +40,10 @@
 //! So a backend call that never returns holds every later call of its key
 //! (until its first caller is cancelled): bound the loader's calls, as
 //! [`RedisLoader`](crate::redis::RedisLoader) and `PgLoader` do (1 s
-//! unless told).
+//! unless told). The call runs in its first caller's future, and so does
+//! that bound: a `get` future kept but no longer polled (parked in a
+//! `select!` that took another branch) holds the key's later calls for as
+//! long as it is kept. Drop a `get` you stop polling.
 //! (Kept by hand rather than moka's `try_get_with`, which caches the value:
 //! a guard in front of a store must not; this keeps only the call in flight.)
 

@@ -29,6 +29,13 @@ async fn items(pool: &sqlx::PgPool, rows: i64) {
         .unwrap();
 }
 
+/// Runs each statement in turn.
+async fn execute(pool: &sqlx::PgPool, statements: &[&str]) {
+    for statement in statements {
+        sqlx::query(statement).execute(pool).await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_by_keyset_pages_holds_exactly_the_table() {
     let server = PostgresServer::start();
@@ -200,12 +207,14 @@ async fn the_loader_reads_one_key_and_batches_in_one_query() {
 async fn a_null_key_is_skipped_not_a_failed_pass() {
     let server = PostgresServer::start();
     let pool = server.pool().await;
-    for statement in [
-        "CREATE TABLE drafts (id text, name text)",
-        "INSERT INTO drafts VALUES ('1', 'one'), (NULL, 'unnamed'), ('2', 'two')",
-    ] {
-        sqlx::query(statement).execute(&pool).await.unwrap();
-    }
+    execute(
+        &pool,
+        &[
+            "CREATE TABLE drafts (id text, name text)",
+            "INSERT INTO drafts VALUES ('1', 'one'), (NULL, 'unnamed'), ('2', 'two')",
+        ],
+    )
+    .await;
     for page in [1, 10_000] {
         let guard = guard_from(PgSource::new(pool.clone(), "drafts", "id").page(page));
         let report = guard.rebuild().await.unwrap();
@@ -222,15 +231,14 @@ async fn a_null_key_is_skipped_not_a_failed_pass() {
 async fn a_batch_answers_each_key_as_get_does_whatever_text_the_rows_hold() {
     let server = PostgresServer::start();
     let pool = server.pool().await;
-    for statement in [
+    execute(&pool, &[
         "CREATE TABLE codes (code char(5) PRIMARY KEY, name text NOT NULL)",
         "INSERT INTO codes VALUES ('abc', 'padded'), ('abcde', 'full')",
         "CREATE COLLATION any_case (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
         "CREATE TABLE handles (handle text COLLATE any_case NOT NULL, name text NOT NULL)",
         "INSERT INTO handles VALUES ('Ab', 'mixed')",
-    ] {
-        sqlx::query(statement).execute(&pool).await.unwrap();
-    }
+    ])
+    .await;
     let codes = PgLoader::<String>::new(pool.clone(), "codes", "code", "name");
     let asked = ["abc", "abcde", "nope", "abc"];
     let mut one_by_one = Vec::new();
@@ -297,13 +305,12 @@ async fn a_missing_table_or_bad_sql_is_a_clear_error_and_a_stuck_call_times_out(
 async fn keys_under_a_non_deterministic_collation_fail_the_pass() {
     let server = PostgresServer::start();
     let pool = server.pool().await;
-    for statement in [
+    execute(&pool, &[
         "CREATE COLLATION any_case (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
         "CREATE TABLE tags (name text COLLATE any_case NOT NULL)",
         "INSERT INTO tags VALUES ('A'), ('a'), ('b')",
-    ] {
-        sqlx::query(statement).execute(&pool).await.unwrap();
-    }
+    ])
+    .await;
     let guard = guard_from(PgSource::new(pool.clone(), "tags", "name").page(1));
     match guard.rebuild().await {
         Err(error) => assert!(error.to_string().contains("deterministic"), "{error}"),
@@ -331,12 +338,14 @@ async fn keys_under_a_non_deterministic_collation_fail_the_pass() {
 async fn an_int_key_column_fails_the_pass_saying_so() {
     let server = PostgresServer::start();
     let pool = server.pool().await;
-    for statement in [
-        "CREATE TABLE numbered (id int PRIMARY KEY)",
-        "INSERT INTO numbered VALUES (9), (10)",
-    ] {
-        sqlx::query(statement).execute(&pool).await.unwrap();
-    }
+    execute(
+        &pool,
+        &[
+            "CREATE TABLE numbered (id int PRIMARY KEY)",
+            "INSERT INTO numbered VALUES (9), (10)",
+        ],
+    )
+    .await;
     let guard = guard_from(PgSource::new(pool.clone(), "numbered", "id"));
     let error = guard.rebuild().await.unwrap_err();
     assert!(
@@ -357,13 +366,15 @@ async fn an_int_key_column_fails_the_pass_saying_so() {
 async fn a_pass_across_a_change_of_the_key_columns_collation_fails() {
     let server = PostgresServer::start();
     let pool = server.pool().await;
-    for statement in [
-        "CREATE COLLATION linguistic (provider = icu, locale = 'und')",
-        "CREATE TABLE tags (name text COLLATE \"C\" NOT NULL)",
-        "INSERT INTO tags VALUES ('B'), ('Z'), ('a'), ('c')",
-    ] {
-        sqlx::query(statement).execute(&pool).await.unwrap();
-    }
+    execute(
+        &pool,
+        &[
+            "CREATE COLLATION linguistic (provider = icu, locale = 'und')",
+            "CREATE TABLE tags (name text COLLATE \"C\" NOT NULL)",
+            "INSERT INTO tags VALUES ('B'), ('Z'), ('a'), ('c')",
+        ],
+    )
+    .await;
     let source = PgSource::new(pool.clone(), "tags", "name").page(2);
     let mut pass = source.scan();
     let mut read = pass.next().await.unwrap().unwrap();
@@ -406,13 +417,15 @@ async fn a_pass_across_a_change_of_the_key_columns_collation_fails() {
 async fn keys_of_a_case_insensitive_type_fail_the_pass() {
     let server = PostgresServer::start();
     let pool = server.pool().await;
-    for statement in [
-        "CREATE EXTENSION citext",
-        "CREATE TABLE handles (name citext COLLATE \"C\" PRIMARY KEY)",
-        "INSERT INTO handles VALUES ('B'), ('a'), ('c')",
-    ] {
-        sqlx::query(statement).execute(&pool).await.unwrap();
-    }
+    execute(
+        &pool,
+        &[
+            "CREATE EXTENSION citext",
+            "CREATE TABLE handles (name citext COLLATE \"C\" PRIMARY KEY)",
+            "INSERT INTO handles VALUES ('B'), ('a'), ('c')",
+        ],
+    )
+    .await;
     let guard = guard_from(PgSource::new(pool.clone(), "handles", "name").page(1));
     match guard.rebuild().await {
         Err(error) => assert!(error.to_string().contains("citext"), "{error}"),
@@ -425,24 +438,28 @@ async fn keys_of_a_case_insensitive_type_fail_the_pass() {
     assert!(guard.is_warming());
 
     // As a domain over text, which compares as text: every key read.
-    for statement in [
-        "CREATE DOMAIN handle AS text",
-        "ALTER TABLE handles ALTER COLUMN name TYPE handle COLLATE \"C\"",
-    ] {
-        sqlx::query(statement).execute(&pool).await.unwrap();
-    }
+    execute(
+        &pool,
+        &[
+            "CREATE DOMAIN handle AS text",
+            "ALTER TABLE handles ALTER COLUMN name TYPE handle COLLATE \"C\"",
+        ],
+    )
+    .await;
     let report = guard.rebuild().await.unwrap();
     assert_eq!(report.keys, 3);
     assert_eq!(guard.check("B"), Verdict::MaybePresent);
 
     // A domain over that domain compares as text too: it was taken for
     // its own base, the domain, and every pass failed.
-    for statement in [
-        "CREATE DOMAIN user_handle AS handle",
-        "ALTER TABLE handles ALTER COLUMN name TYPE user_handle COLLATE \"C\"",
-    ] {
-        sqlx::query(statement).execute(&pool).await.unwrap();
-    }
+    execute(
+        &pool,
+        &[
+            "CREATE DOMAIN user_handle AS handle",
+            "ALTER TABLE handles ALTER COLUMN name TYPE user_handle COLLATE \"C\"",
+        ],
+    )
+    .await;
     let report = guard.rebuild().await.unwrap();
     assert_eq!(report.keys, 3);
 }

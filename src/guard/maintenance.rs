@@ -19,6 +19,12 @@ use crate::task::StoppableTask;
 const VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a failing staleness check is logged at most.
 const FAILED_CHECK_REPORT_SPACING: Duration = Duration::from_secs(60);
+/// The least time from a successful rebuild to one for observed drift (see
+/// `Guard::rebuild_due`).
+const OBSERVED_DRIFT_SPACING: Duration = Duration::from_secs(60);
+/// And at least this many times the last rebuild's length, so that such
+/// rebuilds keep the store busy a tenth of the time at most.
+const OBSERVED_DRIFT_SPACING_FACTOR: u32 = 10;
 
 /// The running maintenance task of a guard, from [`Guard::spawn_maintenance`].
 ///
@@ -142,6 +148,13 @@ impl Guard {
     }
 
     /// Why a rebuild is due now, if it is.
+    ///
+    /// One for observed drift waits [`OBSERVED_DRIFT_SPACING`] after the
+    /// last success, or ten times the last rebuild's length: without a
+    /// confirmed-absent cache (the HTTP layer has none) its evidence can be
+    /// one absent key asked again and again, which a rebuild of the same
+    /// size (same seed, same keys) lets through again, and the guard would
+    /// rescan its store as fast as the evidence came back.
     pub(super) fn rebuild_due(&self, now: Instant) -> Option<&'static str> {
         self.inner.source.as_ref()?;
         let policy = &self.inner.rebuild_policy;
@@ -151,12 +164,13 @@ impl Guard {
         if self.inner.stale.unrepaired() {
             return Some("stale filter");
         }
-        let (last_success_at, last_counted, baseline) = {
+        let (last_success_at, last_counted, baseline, last_took) = {
             let history = self.history();
             (
                 history.last_success_at,
                 history.last_counted,
                 history.baseline,
+                history.last_rebuild.as_ref().map(|report| report.duration),
             )
         };
         if let Some(every) = policy.every
@@ -179,9 +193,12 @@ impl Guard {
             if stats.estimated_drift > threshold {
                 return Some("estimated drift");
             }
+            let spacing = OBSERVED_DRIFT_SPACING
+                .max(last_took.unwrap_or_default() * OBSERVED_DRIFT_SPACING_FACTOR);
             if self
                 .evidenced_fpr_since_rebuild()
                 .is_some_and(|rate| rate > threshold * self.inner.target_fpr)
+                && last_success_at.is_none_or(|at| now >= at + spacing)
             {
                 return Some("observed drift");
             }

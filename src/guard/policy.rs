@@ -227,7 +227,10 @@ impl RebuildPolicy {
     /// again, which
     /// [`GuardStats::observed_fpr`](crate::GuardStats::observed_fpr) counts,
     /// can all be one absent key asked again and again, which a rebuild
-    /// (same seed, same keys) would let through again.
+    /// (same seed, same keys) would let through again. Without such a
+    /// cache (the HTTP layer has none) the backend answers every ask, so
+    /// a rebuild for the observed rate comes at most once a minute, or
+    /// once every ten times the last rebuild's length if longer.
     #[must_use]
     pub fn when_drift_exceeds(mut self, ratio: f64) -> Self {
         self.drift_threshold = Some(ratio);

@@ -1496,6 +1496,52 @@ async fn one_hot_false_positive_is_no_evidence_of_drift() {
     maintenance.shutdown().await;
 }
 
+/// The same hot key without a confirmed-absent cache (the HTTP layer has
+/// none): every ask of it reaches the backend and counts as a false
+/// positive, so the evidence for observed drift came back within
+/// 10,000 answers of each rebuild, and the guard rescanned its store again
+/// and again, each rebuild (same seed, same keys) letting the key through
+/// as before. A rebuild for observed drift now waits a minute, or ten
+/// times the last rebuild's length, after the last one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_hot_false_positive_without_a_cache_does_not_rebuild_again_and_again() {
+    let store = store_with(&keys(0, 1_000));
+    let policy = RebuildPolicy::default().when_drift_exceeds(2.0);
+    let guard = maintained(1_000, &store, policy).build().unwrap();
+    // The second build is sized for what the first counted, as every later
+    // one is: the same filter, the same false positives.
+    guard.rebuild().await.unwrap();
+    guard.rebuild().await.unwrap();
+    let ghost = (0..)
+        .map(|i| format!("ghost:{i}"))
+        .find(|key| guard.check(key) == Verdict::MaybePresent)
+        .unwrap();
+    let held = Arc::clone(&store);
+    let loader = GuardedLoader::new(guard.clone(), move |key: String| {
+        let found = held.read().unwrap().contains(key.as_bytes());
+        async move { Ok::<_, std::io::Error>(found.then_some(())) }
+    });
+    let maintenance = guard.spawn_maintenance();
+    for (i, absent) in absent_keys(0, 60_000).into_iter().enumerate() {
+        assert_eq!(loader.get(&absent).await.unwrap(), None);
+        if i % 20 == 0 {
+            assert_eq!(loader.get(&ghost).await.unwrap(), None);
+            // Time for the maintenance task to see the evidence.
+            tokio::task::yield_now().await;
+        }
+        if i % 10_000 == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rebuilds = guard.stats().rebuilds.succeeded;
+    assert!(
+        rebuilds <= 3,
+        "{rebuilds} rebuilds on one hot key (the first two builds included)"
+    );
+    maintenance.shutdown().await;
+}
+
 #[test]
 fn a_drift_threshold_the_rate_can_never_reach_is_refused() {
     // At 1 % the estimated FPR can reach 100×, never more.

@@ -562,6 +562,42 @@ fn without_info(port: u16) -> redis::Client {
 
 /// The same source and loader over a real Redis Cluster (3 masters, 3
 /// replicas) that each test starts.
+/// Loads through a cluster that does not answer (the connection to its
+/// seed node stalls): callers queued for one attempt at a connection at a
+/// time, each outside its timeout while it waited, so the last of eight
+/// concurrent calls returned after eight timeouts. Each returns within its
+/// own timeout now, the wait for other callers' attempts included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loads_through_a_silent_cluster_each_fail_within_their_timeout() {
+    let server = RedisServer::start();
+    let proxy = common::tcp_proxy::TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    proxy.stall();
+    let seed = format!("redis://{}/", proxy.address);
+    let client = redis::cluster::ClusterClient::new(vec![seed]).unwrap();
+    let timeout = Duration::from_millis(300);
+    let loader = RedisLoader::cluster(client).timeout(timeout);
+    let started = tokio::time::Instant::now();
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let loader = loader.clone();
+            tokio::spawn(async move {
+                let loaded = loader.get(i.to_string()).await;
+                (loaded, started.elapsed())
+            })
+        })
+        .collect();
+    for call in calls {
+        let (loaded, took) = call.await.unwrap();
+        assert!(loaded.is_err(), "{loaded:?}");
+        // Two timeouts at most (the connection, then the command), and
+        // room for a slow machine; queued, the last took eight.
+        assert!(
+            took < timeout * 4,
+            "a call took {took:?} with a {timeout:?} timeout"
+        );
+    }
+}
+
 mod cluster {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};

@@ -68,7 +68,8 @@ enum Target {
 #[derive(Default)]
 struct ClusterSlot {
     made: ArcSwapOption<MadeCluster>,
-    /// Held while one is made, so that callers wait for one attempt.
+    /// Held while one is made, so that callers queue for one attempt at a
+    /// time (each within its own timeout, the wait included).
     making: tokio::sync::Mutex<()>,
 }
 
@@ -96,11 +97,18 @@ impl ClusterSlot {
         if let Some(connection) = self.usable() {
             return Ok(connection);
         }
+        // The wait for the lock counts too: callers queued behind attempts
+        // that each time out (a cluster that does not answer) would
+        // otherwise return one timeout apart, the last after all of them.
+        within(timeout, self.make(client)).await
+    }
+
+    async fn make(&self, client: &ClusterClient) -> Result<ClusterConnection, RedisError> {
         let _making = self.making.lock().await;
         if let Some(connection) = self.usable() {
             return Ok(connection);
         }
-        let connection = within(timeout, client.get_async_connection()).await?;
+        let connection = client.get_async_connection().await?;
         let alive = Arc::new(());
         let runtime_alive = Arc::downgrade(&alive);
         let (ends_witness, ended) = tokio::sync::oneshot::channel();
@@ -170,6 +178,15 @@ impl redis::aio::ConnectionLike for Live {
 
 /// `call`, failed with a timeout error after `timeout` (the connection
 /// manager has its own; a cluster connection is given one here).
+/// Whether the server refused to run a command at all (an ACL denying it,
+/// a proxy without it), rather than failed to run it.
+fn refused(error: &RedisError) -> bool {
+    error.code() == Some("NOPERM")
+        || error
+            .detail()
+            .is_some_and(|detail| detail.to_ascii_lowercase().starts_with("unknown command"))
+}
+
 async fn within<T>(
     timeout: Duration,
     call: impl Future<Output = redis::RedisResult<T>>,
@@ -467,12 +484,17 @@ impl RedisSource {
         // goes unnoticed here (on a plain node the pass's own connection
         // fails instead); `ROLE` and `CLUSTER NODES` are asked instead
         // whether the node is a replica or one of a cluster.
-        let info = match self.query_on::<String>(live, node, &info).await {
-            Ok(info) => Some(info),
-            Err(error) => {
+        // Read as bytes: `INFO` can hold text that is not UTF-8 (an error
+        // code a script made up, in its error stats), which must not read
+        // as a refusal. Only a refusal (`NOPERM`, a command the server
+        // lacks) goes without; any other error fails the pass.
+        let info = match self.query_on::<Vec<u8>>(live, node, &info).await {
+            Ok(info) => Some(String::from_utf8_lossy(&info).into_owned()),
+            Err(error) if refused(&error) => {
                 tracing::debug!(%error, "INFO refused: on a cluster, a master restarted during the pass goes unnoticed");
                 None
             }
+            Err(error) => return Err(error),
         };
         let field = |name: &str| {
             info.as_deref()?
@@ -1048,6 +1070,12 @@ impl RedisLoader {
     /// replicas answers from them: their lag must fit the guard's write
     /// settle, or a read just after a write misses it (and a
     /// confirmed-absent cache keeps the miss).
+    ///
+    /// The cluster connection's driver runs on the runtime that made it
+    /// (the first call's); once that runtime is dropped, the next call
+    /// makes another. A runtime kept but no longer driven (a
+    /// `current_thread` runtime kept after a warm-up) keeps a connection
+    /// whose driver never runs, and every call times out: drop it.
     pub fn cluster(client: ClusterClient) -> Self {
         Self {
             connection: Connection::cluster(client, Self::DEFAULT_TIMEOUT),

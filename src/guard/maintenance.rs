@@ -359,6 +359,35 @@ impl Drop for Running {
     }
 }
 
+/// Runs `work` (a rebuild, which may take minutes), publishing the guard's
+/// metrics as it starts and every `interval` until it ends: the gauges
+/// (rebuilding, warming) would otherwise stand still meanwhile, and a first
+/// build would leave them unpublished until it ended.
+#[cfg(feature = "metrics")]
+async fn publishing_meanwhile<T>(
+    guard: &Guard,
+    interval: Duration,
+    work: impl Future<Output = T>,
+) -> T {
+    let mut work = std::pin::pin!(work);
+    loop {
+        guard.publish_metrics();
+        tokio::select! {
+            output = &mut work => return output,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+async fn publishing_meanwhile<T>(
+    _guard: &Guard,
+    _interval: Duration,
+    work: impl Future<Output = T>,
+) -> T {
+    work.await
+}
+
 impl Task {
     async fn run(mut self, stop: CancellationToken, mut verifier: LentVerifier) {
         loop {
@@ -401,7 +430,10 @@ impl Task {
                             give_back(false).await;
                             break;
                         }
-                        result = AssertUnwindSafe(guard.rebuild_if_due()).catch_unwind() => {
+                        result = AssertUnwindSafe(
+                            publishing_meanwhile(&guard, self.interval, guard.rebuild_if_due()),
+                        )
+                        .catch_unwind() => {
                             let result = match result {
                                 Ok(result) => result,
                                 Err(panic) => {

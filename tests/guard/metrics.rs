@@ -213,3 +213,68 @@ fn the_product_modes_reach_the_recorder() {
         DebugValue::Counter(1)
     );
 }
+
+/// The maintenance task published the guard's metrics after each tick's
+/// work, and it awaits its rebuilds: a first build that took minutes left
+/// every gauge unpublished until it ended (`bloomguard_warming` among them),
+/// and `bloomguard_rebuilding` never read 1 for the task's own rebuilds.
+/// It now publishes as a rebuild starts and every interval while it runs.
+#[test]
+fn the_gauges_are_published_while_the_task_rebuilds() {
+    use bloomguard::metrics::WARMING;
+    use bloomguard::source::{KeySource, KeyStream};
+
+    /// A pass that never ends.
+    struct Hangs;
+    impl KeySource for Hangs {
+        fn scan(&self) -> KeyStream<'_> {
+            Box::pin(futures_util::stream::pending())
+        }
+    }
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // One snapshot for every gauge: taking one resets what it read.
+    let gauges = || -> HashMap<String, f64> {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(key, _, _, value)| match value {
+                DebugValue::Gauge(value) => Some((key.key().name().to_owned(), value.0)),
+                _ => None,
+            })
+            .collect()
+    };
+    // The task runs on this thread, where the recorder is installed.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let guard = Guard::builder()
+                .name("slow")
+                .source(Hangs)
+                .maintenance_interval(std::time::Duration::from_millis(20))
+                .build()
+                .unwrap();
+            let maintenance = guard.spawn_maintenance();
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let published = gauges();
+                if published.get(REBUILDING) == Some(&1.0) {
+                    assert_eq!(published.get(WARMING), Some(&1.0), "{published:?}");
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "published while the first build runs: {published:?}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            assert!(guard.is_warming());
+            maintenance.shutdown().await;
+        });
+    });
+}

@@ -201,6 +201,19 @@ impl GuardBuilder {
             ));
         }
         let first_rate = self.lifecycle.first_filter_rate(self.false_positive_rate);
+        if first_rate < crate::filter::MIN_FALSE_POSITIVE_RATE
+            && self.false_positive_rate >= crate::filter::MIN_FALSE_POSITIVE_RATE
+        {
+            // The rate asked for is valid; what each filter of the
+            // lifecycle would get is not: name the one the user gave.
+            return Err(ConfigError::out_of_range(
+                "false_positive_rate",
+                self.false_positive_rate,
+                "a rate that leaves each filter of the lifecycle at least 1e-8 (a rotating \
+                 guard's filters each get the rate / generations, a growing guard's first \
+                 the rate × (1 − tightening))",
+            ));
+        }
         // Sizing the first filter checks items, rate and budget, even for a
         // guard that only builds it after its first scan.
         let (filters, seed) = self.filters.with_fixed_seed();

@@ -268,6 +268,10 @@ pub struct GuardStats {
     /// loader's confirmed-absent cache answered; the drift rebuild leaves
     /// them out (see
     /// [`RebuildPolicy::when_drift_exceeds`](crate::RebuildPolicy::when_drift_exceeds)).
+    /// On a guard that does not rebuild (no source, no trigger; a rotation
+    /// does not count) it is the average since the guard began, which a
+    /// recent change barely moves: for a recent window, take the rate of
+    /// the counters (`false_positives`, `checks`) over it.
     pub observed_fpr: Option<f64>,
     /// The false-positive rate the live filters' fill implies (their OR when
     /// there are several).

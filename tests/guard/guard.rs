@@ -1553,6 +1553,38 @@ fn a_drift_threshold_the_rate_can_never_reach_is_refused() {
     assert!(err.to_string().contains("drift threshold"), "{err}");
 }
 
+/// A rotating guard's filters each get the rate divided by the
+/// generations, a growing guard's first the rate × (1 − tightening): the
+/// least rate accepted (1e-8) left them at 5e-9, and the error named 5e-9,
+/// a value the user never gave. It names the rate given, and why.
+#[test]
+fn a_rate_the_lifecycle_divides_below_the_least_is_refused_as_given() {
+    for lifecycle in [
+        Lifecycle::rotate(2, Duration::from_secs(60)),
+        Lifecycle::grow(2.0),
+    ] {
+        let err = Guard::builder()
+            .false_positive_rate(1e-8)
+            .lifecycle(lifecycle)
+            .build()
+            .unwrap_err();
+        match &err {
+            ConfigError::OutOfRange {
+                parameter, value, ..
+            } => assert_eq!(
+                (*parameter, value.as_str()),
+                ("false_positive_rate", "0.00000001"),
+                "{err}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            err.to_string().contains("each filter of the lifecycle"),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn durations_that_would_overflow_an_instant_are_refused_by_name() {
     let named = |result: Result<Guard, ConfigError>| match result {

@@ -1451,6 +1451,40 @@ async fn a_write_in_the_records_first_lease_waits_it_out_without_polling() {
     );
 }
 
+/// A fleet's user without channel permission (`resetchannels`, Redis 7's
+/// default for a new user): no notice is published or heard, and writers
+/// learn of each acknowledgement by looking again (every 100 ms at most,
+/// where it was every 20 ms): writes are still acknowledged by every member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_without_channel_permission_still_acknowledges_writes() {
+    let server = RedisServer::start();
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                "member",
+                "on",
+                "nopass",
+                "~*",
+                "resetchannels",
+                "+@all",
+            ][..],
+        )
+        .query(&mut connection)
+        .unwrap();
+    // `nopass` takes any password; without one the client sends no `AUTH`.
+    let client =
+        || redis::Client::open(format!("redis://member:any@127.0.0.1:{}/", server.port)).unwrap();
+    let a = join(guard("a"), client(), "quiet").await;
+    let b = join(guard("b"), client(), "quiet").await;
+    caught_up(&b).await;
+    for key in keys("quiet", 5) {
+        a.fleet.insert_then_write(&key, async {}).await.unwrap();
+        assert_eq!(b.guard().check(&key), Verdict::MaybePresent, "{key}");
+    }
+}
+
 /// A member recovering where no member can publish (alone here, without a
 /// source) tries the standing snapshot once a lease, and fetched every chunk
 /// of it before finding that the stream was trimmed past it: the whole

@@ -560,8 +560,6 @@ fn without_info(port: u16) -> redis::Client {
     redis::Client::open(format!("redis://scanner:any@127.0.0.1:{port}/")).unwrap()
 }
 
-/// The same source and loader over a real Redis Cluster (3 masters, 3
-/// replicas) that each test starts.
 /// Loads through a cluster that does not answer (the connection to its
 /// seed node stalls): callers queued for one attempt at a connection at a
 /// time, each outside its timeout while it waited, so the last of eight
@@ -598,6 +596,8 @@ async fn loads_through_a_silent_cluster_each_fail_within_their_timeout() {
     }
 }
 
+/// The same source and loader over a real Redis Cluster (3 masters, 3
+/// replicas) that each test starts.
 mod cluster {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};

@@ -180,7 +180,7 @@ impl redis::aio::ConnectionLike for Live {
 /// manager has its own; a cluster connection is given one here).
 /// Whether the server refused to run a command at all (an ACL denying it,
 /// a proxy without it), rather than failed to run it.
-fn refused(error: &RedisError) -> bool {
+pub(crate) fn refused(error: &RedisError) -> bool {
     error.code() == Some("NOPERM")
         || error
             .detail()

@@ -44,6 +44,9 @@ const READ_COUNT: usize = 1_000;
 const KEYS_BETWEEN_YIELDS: usize = 4_096;
 /// Wait before reconnecting after a failed read.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
+/// Whether a refused announcement was logged at WARN in this process.
+static ANNOUNCE_REFUSAL_TOLD: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 /// Appends one entry holding the keys `ARGV[4]` (encoded by [`encode_keys`]),
 /// and trims the stream to about `ARGV[3]` entries, recording in `KEYS[2]`
@@ -440,8 +443,23 @@ impl FleetSync {
             Ok(())
         }
         .await;
-        if let Err(error) = announced {
-            tracing::debug!(%error, "applied position not announced; the lease renewal will");
+        match announced {
+            Ok(()) => {}
+            // Refused for good, most likely (the `PUBLISH` the script ends
+            // with, under an ACL without channel permission): said once.
+            Err(FleetError::Redis(error))
+                if crate::redis::refused(&error)
+                    && !ANNOUNCE_REFUSAL_TOLD.swap(true, std::sync::atomic::Ordering::Relaxed) =>
+            {
+                tracing::warn!(
+                    %error,
+                    "applied position not announced: refused (an ACL without channel \
+                     permission?); the lease renewal carries it, and writers wait for it"
+                );
+            }
+            Err(error) => {
+                tracing::debug!(%error, "applied position not announced; the lease renewal will");
+            }
         }
     }
 
@@ -555,11 +573,29 @@ impl FleetSync {
     /// pinged every lease, and made again when no answer comes within one.
     pub(super) async fn listen(&self) {
         let lease = self.inner.settings.lease;
+        let mut told_refused = false;
         for attempt in 0.. {
-            if let Some(client) = self.inner.redis.notices_client(attempt)
-                && let Ok(Ok(subscription)) =
-                    tokio::time::timeout(lease, self.subscribe(client)).await
+            let subscribed = match self.inner.redis.notices_client(attempt) {
+                Some(client) => tokio::time::timeout(lease, self.subscribe(client)).await,
+                None => {
+                    tokio::time::sleep(RECONNECT_BACKOFF).await;
+                    continue;
+                }
+            };
+            if let Ok(Err(error)) = &subscribed
+                && crate::redis::refused(error)
+                && !std::mem::replace(&mut told_refused, true)
             {
+                // Retried all the same, as the ACL may change: said once.
+                tracing::warn!(
+                    %error,
+                    channel = %self.inner.keys.notices,
+                    "the fleet's notices channel is refused (an ACL without channel \
+                     permission?): writers learn of each acknowledgement by polling, and no \
+                     member hears a snapshot asked for or published"
+                );
+            }
+            if let Ok(Ok(subscription)) = subscribed {
                 let (mut sink, mut notices) = subscription.split();
                 let mut ping = tokio::time::interval_at(Instant::now() + lease, lease);
                 ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -237,6 +237,16 @@ async fn a_pass_across_a_redis_restart_fails() {
     a_restart_mid_pass_fails_it(server, client, |_| {}).await;
 }
 
+/// The same over RESP3, where `INFO` answers a verbatim string: a pass
+/// that read it as bytes failed every time, and the retry too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_across_a_redis_restart_fails_over_resp3() {
+    let server = RedisServer::start();
+    let port = server.port;
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/?protocol=resp3")).unwrap();
+    a_restart_mid_pass_fails_it(server, client, |_| {}).await;
+}
+
 /// The same, for a user that may not run `INFO` and a connection that
 /// reconnects on its own (RESP3 tells the client of a dropped connection,
 /// so no `SCAN` fails): the pass must still not be taken as whole.

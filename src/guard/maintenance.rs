@@ -22,7 +22,7 @@ const FAILED_CHECK_REPORT_SPACING: Duration = Duration::from_secs(60);
 /// The least time from a successful rebuild to one for observed drift (see
 /// `Guard::rebuild_due`).
 const OBSERVED_DRIFT_SPACING: Duration = Duration::from_secs(60);
-/// And at least this many times the last rebuild's length, so that such
+/// And at least this many times the last successful rebuild's length, so that such
 /// rebuilds keep the store busy a tenth of the time at most.
 const OBSERVED_DRIFT_SPACING_FACTOR: u32 = 10;
 
@@ -150,7 +150,7 @@ impl Guard {
     /// Why a rebuild is due now, if it is.
     ///
     /// One for observed drift waits [`OBSERVED_DRIFT_SPACING`] after the
-    /// last success, or ten times the last rebuild's length: without a
+    /// last success, or ten times that success's length: without a
     /// confirmed-absent cache (the HTTP layer has none) its evidence can be
     /// one absent key asked again and again, which a rebuild of the same
     /// size (same seed, same keys) lets through again, and the guard would
@@ -164,13 +164,13 @@ impl Guard {
         if self.inner.stale.unrepaired() {
             return Some("stale filter");
         }
-        let (last_success_at, last_counted, baseline, last_took) = {
+        let (last_success_at, last_counted, baseline, last_success_took) = {
             let history = self.history();
             (
                 history.last_success_at,
                 history.last_counted,
                 history.baseline,
-                history.last_rebuild.as_ref().map(|report| report.duration),
+                history.last_success_took,
             )
         };
         if let Some(every) = policy.every
@@ -194,7 +194,7 @@ impl Guard {
                 return Some("estimated drift");
             }
             let spacing = OBSERVED_DRIFT_SPACING
-                .max(last_took.unwrap_or_default() * OBSERVED_DRIFT_SPACING_FACTOR);
+                .max(last_success_took.unwrap_or_default() * OBSERVED_DRIFT_SPACING_FACTOR);
             if self
                 .evidenced_fpr_since_rebuild()
                 .is_some_and(|rate| rate > threshold * self.inner.target_fpr)
@@ -360,9 +360,10 @@ impl Drop for Running {
 }
 
 /// Runs `work` (a rebuild, which may take minutes), publishing the guard's
-/// metrics as it starts and every `interval` until it ends: the gauges
-/// (rebuilding, warming) would otherwise stand still meanwhile, and a first
-/// build would leave them unpublished until it ended.
+/// metrics as it starts (a first build's `warming`) and every `interval`
+/// until it ends (`rebuilding` from the first interval on, once the new
+/// filter is installed): the gauges would otherwise stand still meanwhile,
+/// and a first build would leave them unpublished until it ended.
 #[cfg(feature = "metrics")]
 async fn publishing_meanwhile<T>(
     guard: &Guard,

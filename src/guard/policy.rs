@@ -228,9 +228,10 @@ impl RebuildPolicy {
     /// [`GuardStats::observed_fpr`](crate::GuardStats::observed_fpr) counts,
     /// can all be one absent key asked again and again, which a rebuild
     /// (same seed, same keys) would let through again. Without such a
-    /// cache (the HTTP layer has none) the backend answers every ask, so
-    /// a rebuild for the observed rate comes at most once a minute, or
-    /// once every ten times the last rebuild's length if longer.
+    /// cache (the HTTP layer has none) the backend answers every ask of
+    /// such a key, so a rebuild for the observed rate comes at most once a
+    /// minute after the last successful rebuild (or ten times that
+    /// rebuild's length, if longer), with a cache or without.
     #[must_use]
     pub fn when_drift_exceeds(mut self, ratio: f64) -> Self {
         self.drift_threshold = Some(ratio);

@@ -238,6 +238,7 @@ impl Guard {
         if let Some(built) = built {
             history.last_counted = Some(built.keys);
             history.last_success_at = Some(Instant::now());
+            history.last_success_took = Some(report.duration);
             history.last_success_time = Some(std::time::SystemTime::now());
         }
         #[cfg(feature = "metrics")]

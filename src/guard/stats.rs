@@ -67,6 +67,8 @@ impl VerdictTally {
 pub(crate) struct History {
     pub(crate) last_rebuild: Option<RebuildReport>,
     pub(crate) last_success_at: Option<Instant>,
+    /// How long the last successful rebuild of this guard took.
+    pub(crate) last_success_took: Option<std::time::Duration>,
     /// The same moment by the wall clock, for dashboards.
     pub(crate) last_success_time: Option<std::time::SystemTime>,
     /// Keys the last whole pass over the source read (a successful

@@ -176,8 +176,6 @@ impl redis::aio::ConnectionLike for Live {
     }
 }
 
-/// `call`, failed with a timeout error after `timeout` (the connection
-/// manager has its own; a cluster connection is given one here).
 /// Whether the server refused to run a command at all (an ACL denying it,
 /// a proxy without it), rather than failed to run it.
 pub(crate) fn refused(error: &RedisError) -> bool {
@@ -187,6 +185,8 @@ pub(crate) fn refused(error: &RedisError) -> bool {
             .is_some_and(|detail| detail.to_ascii_lowercase().starts_with("unknown command"))
 }
 
+/// `call`, failed with a timeout error after `timeout` (the connection
+/// manager has its own; a cluster connection is given one here).
 async fn within<T>(
     timeout: Duration,
     call: impl Future<Output = redis::RedisResult<T>>,
@@ -484,12 +484,19 @@ impl RedisSource {
         // goes unnoticed here (on a plain node the pass's own connection
         // fails instead); `ROLE` and `CLUSTER NODES` are asked instead
         // whether the node is a replica or one of a cluster.
-        // Read as bytes: `INFO` can hold text that is not UTF-8 (an error
-        // code a script made up, in its error stats), which must not read
-        // as a refusal. Only a refusal (`NOPERM`, a command the server
-        // lacks) goes without; any other error fails the pass.
-        let info = match self.query_on::<Vec<u8>>(live, node, &info).await {
-            Ok(info) => Some(String::from_utf8_lossy(&info).into_owned()),
+        // Read as a plain value: `INFO` can hold text that is not UTF-8 (an
+        // error code a script made up, in its error stats), which must not
+        // read as a refusal, and over RESP3 it is a verbatim string. Only a
+        // refusal (`NOPERM`, a command the server lacks) goes without; any
+        // other error fails the pass.
+        let info = match self.query_on::<Value>(live, node, &info).await {
+            Ok(Value::BulkString(bytes)) => Some(String::from_utf8_lossy(&bytes).into_owned()),
+            Ok(Value::VerbatimString { text, .. } | Value::SimpleString(text)) => Some(text),
+            Ok(other) => {
+                return Err(not_trusted(format!(
+                    "INFO answered {other:?}, not text: the pass cannot tell a restart"
+                )));
+            }
             Err(error) if refused(&error) => {
                 tracing::debug!(%error, "INFO refused: on a cluster, a master restarted during the pass goes unnoticed");
                 None

@@ -535,6 +535,8 @@ impl FleetSync {
             // A member's announcement wakes the wait; the longest pause is
             // for one that is lost (the notice subscriber reconnecting, or
             // an announcement that failed, which its next renewal makes).
+            // No acknowledgement can come before the grace ends: looking
+            // sooner is wasted.
             let pause = Duration::from_millis(wait_ms.max(1))
                 .max(grace)
                 .min(LONGEST_POLL)

@@ -234,6 +234,8 @@ struct Inner {
     /// Bumped whenever a member announces what it applied; writers waiting
     /// for acknowledgements watch it.
     applied_notices: watch::Sender<u64>,
+    /// Whether a refused announcement (an ACL) was logged at WARN.
+    announce_refusal_told: std::sync::atomic::AtomicBool,
     /// Wakes the lease watch thread when the lease changed (with `state`).
     lease_changed: Condvar,
     /// A snapshot was published (a recovering member waits for one).
@@ -576,6 +578,7 @@ impl FleetSyncBuilder {
                     ..MemberState::default()
                 }),
                 applied_notices: watch::Sender::new(0),
+                announce_refusal_told: std::sync::atomic::AtomicBool::new(false),
                 lease_changed: Condvar::new(),
                 snapshot_published: Notify::new(),
                 snapshot_requested: Notify::new(),

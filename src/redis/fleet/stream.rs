@@ -44,9 +44,6 @@ const READ_COUNT: usize = 1_000;
 const KEYS_BETWEEN_YIELDS: usize = 4_096;
 /// Wait before reconnecting after a failed read.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
-/// Whether a refused announcement was logged at WARN in this process.
-static ANNOUNCE_REFUSAL_TOLD: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
 
 /// Appends one entry holding the keys `ARGV[4]` (encoded by [`encode_keys`]),
 /// and trims the stream to about `ARGV[3]` entries, recording in `KEYS[2]`
@@ -449,7 +446,10 @@ impl FleetSync {
             // with, under an ACL without channel permission): said once.
             Err(FleetError::Redis(error))
                 if crate::redis::refused(&error)
-                    && !ANNOUNCE_REFUSAL_TOLD.swap(true, std::sync::atomic::Ordering::Relaxed) =>
+                    && !self
+                        .inner
+                        .announce_refusal_told
+                        .swap(true, std::sync::atomic::Ordering::Relaxed) =>
             {
                 tracing::warn!(
                     %error,

@@ -22,8 +22,8 @@ const FAILED_CHECK_REPORT_SPACING: Duration = Duration::from_secs(60);
 /// The least time from a successful rebuild to one for observed drift (see
 /// `Guard::rebuild_due`).
 const OBSERVED_DRIFT_SPACING: Duration = Duration::from_secs(60);
-/// And at least this many times the last successful rebuild's length, so that such
-/// rebuilds keep the store busy a tenth of the time at most.
+/// And at least this many times the last successful rebuild's length, so
+/// that such rebuilds keep the store busy a tenth of the time at most.
 const OBSERVED_DRIFT_SPACING_FACTOR: u32 = 10;
 
 /// The running maintenance task of a guard, from [`Guard::spawn_maintenance`].

@@ -1501,8 +1501,8 @@ async fn one_hot_false_positive_is_no_evidence_of_drift() {
 /// positive, so the evidence for observed drift came back within
 /// 10,000 answers of each rebuild, and the guard rescanned its store again
 /// and again, each rebuild (same seed, same keys) letting the key through
-/// as before. A rebuild for observed drift now waits a minute, or ten
-/// times the last rebuild's length, after the last one.
+/// as before. A rebuild for observed drift now waits a minute after the
+/// last success, or ten times that success's length.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_hot_false_positive_without_a_cache_does_not_rebuild_again_and_again() {
     let store = store_with(&keys(0, 1_000));

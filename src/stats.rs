@@ -51,7 +51,10 @@ impl<const N: usize> StripedCounters<N> {
     }
 
     pub(crate) fn sum(&self, counter: usize) -> u64 {
-        self.sum_with(counter, Ordering::Relaxed)
+        self.stripes
+            .iter()
+            .map(|s| s[counter].load(Ordering::Relaxed))
+            .fold(0, u64::wrapping_add)
     }
 
     /// Reads counter `counter` in each stripe not yet in `seen` (a bit per
@@ -69,13 +72,6 @@ impl<const N: usize> StripedCounters<N> {
             }
         }
         seen.count_ones() as usize == self.stripes.len()
-    }
-
-    pub(crate) fn sum_with(&self, counter: usize, order: Ordering) -> u64 {
-        self.stripes
-            .iter()
-            .map(|s| s[counter].load(order))
-            .fold(0, u64::wrapping_add)
     }
 }
 

@@ -13,7 +13,7 @@ use crate::common::{StopOnDrop, absent_keys, keys, three_sigma_limit, wait_until
 use bloomguard::source::{self, KeyBatch, KeySource, KeyStream, SourceError};
 use bloomguard::{
     AtomicBloom, ConfigError, FilterParameter, Guard, GuardBuilder, GuardedLoader, Lifecycle,
-    RebuildError, RebuildOutcome, RebuildPolicy, Verdict,
+    Loader, RebuildError, RebuildOutcome, RebuildPolicy, Verdict,
 };
 use futures_core::Stream;
 
@@ -1457,6 +1457,27 @@ async fn a_saturated_guard_reports_its_drift_and_rebuilds() {
     maintenance.shutdown().await;
 }
 
+/// The first `ghost:{i}` key that `guard` lets through: a false positive
+/// of its filter, which no store here holds.
+fn a_false_positive(guard: &Guard) -> String {
+    (0..)
+        .map(|i| format!("ghost:{i}"))
+        .find(|key| guard.check(key) == Verdict::MaybePresent)
+        .unwrap()
+}
+
+/// A loader behind `guard` that finds a key where `store` holds it.
+fn loader_over(
+    guard: &Guard,
+    store: &Store,
+) -> GuardedLoader<String, impl Loader<String, Value = (), Error = std::io::Error> + use<>> {
+    let held = Arc::clone(store);
+    GuardedLoader::new(guard.clone(), move |key: String| {
+        let found = held.read().unwrap().contains(key.as_bytes());
+        async move { Ok::<_, std::io::Error>(found.then_some(())) }
+    })
+}
+
 /// One absent key asked again and again (a bot on a missing id) that the
 /// filter lets through: a loader's confirmed-absent cache answers it after
 /// the first ask. Its hits are false positives, but one key is no evidence
@@ -1468,17 +1489,10 @@ async fn one_hot_false_positive_is_no_evidence_of_drift() {
     let policy = RebuildPolicy::default().when_drift_exceeds(2.0);
     let guard = maintained(1_000, &store, policy).build().unwrap();
     guard.rebuild().await.unwrap();
-    let ghost = (0..)
-        .map(|i| format!("ghost:{i}"))
-        .find(|key| guard.check(key) == Verdict::MaybePresent)
+    let ghost = a_false_positive(&guard);
+    let loader = loader_over(&guard, &store)
+        .confirmed_absent_cache(100, Duration::from_secs(600))
         .unwrap();
-    let held = Arc::clone(&store);
-    let loader = GuardedLoader::new(guard.clone(), move |key: String| {
-        let found = held.read().unwrap().contains(key.as_bytes());
-        async move { Ok::<_, std::io::Error>(found.then_some(())) }
-    })
-    .confirmed_absent_cache(100, Duration::from_secs(600))
-    .unwrap();
     let maintenance = guard.spawn_maintenance();
     for (i, absent) in absent_keys(0, 20_000).into_iter().enumerate() {
         assert_eq!(loader.get(&absent).await.unwrap(), None);
@@ -1512,15 +1526,8 @@ async fn one_hot_false_positive_without_a_cache_does_not_rebuild_again_and_again
     // one is: the same filter, the same false positives.
     guard.rebuild().await.unwrap();
     guard.rebuild().await.unwrap();
-    let ghost = (0..)
-        .map(|i| format!("ghost:{i}"))
-        .find(|key| guard.check(key) == Verdict::MaybePresent)
-        .unwrap();
-    let held = Arc::clone(&store);
-    let loader = GuardedLoader::new(guard.clone(), move |key: String| {
-        let found = held.read().unwrap().contains(key.as_bytes());
-        async move { Ok::<_, std::io::Error>(found.then_some(())) }
-    });
+    let ghost = a_false_positive(&guard);
+    let loader = loader_over(&guard, &store);
     let maintenance = guard.spawn_maintenance();
     for (i, absent) in absent_keys(0, 60_000).into_iter().enumerate() {
         assert_eq!(loader.get(&absent).await.unwrap(), None);

@@ -114,10 +114,10 @@ impl PgSource {
         Self {
             pool,
             // A NULL key names no item: the first page skips it, and later
-            // pages by `>`. Each page says whether the server that read it is a standby:
-            // behind a router that balances reads, any page may be read on
-            // one (and `pg_is_in_recovery()`, volatile, keeps pgpool's on
-            // the primary). One row even for an empty page.
+            // pages by `>`. Each page says whether the server that read it
+            // is a standby: behind a router that balances reads, any page
+            // may be read on one (and `pg_is_in_recovery()`, volatile, keeps
+            // pgpool's on the primary). One row even for an empty page.
             first_page: format!(
                 "SELECT pg_is_in_recovery(), ARRAY(SELECT {key}::text FROM {relation} \
                  WHERE {key} IS NOT NULL ORDER BY {key} LIMIT $1)"

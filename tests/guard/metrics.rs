@@ -9,7 +9,7 @@ use bloomguard::metrics::{
 };
 use bloomguard::{Guard, source};
 use metrics::Unit;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
 #[test]
 fn publish_reports_the_stats_with_the_guard_label_and_units() {
@@ -126,6 +126,16 @@ fn publish_reports_the_stats_with_the_guard_label_and_units() {
     assert_eq!(units[CHECKS_TOTAL], Some(Unit::Count));
 }
 
+/// The recorder's values now, by metric name.
+fn by_name(snapshotter: &Snapshotter) -> HashMap<String, DebugValue> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| (key.key().name().to_owned(), value))
+        .collect()
+}
+
 /// A rate with nothing to count yet (after a rebuild) is published as NaN:
 /// it was left out, and the exporter kept the value from before the
 /// rebuild.
@@ -135,11 +145,7 @@ fn a_rate_with_nothing_counted_is_published_as_nan() {
     let snapshotter = recorder.snapshotter();
     let guard = Guard::builder().name("idle").build().unwrap();
     metrics::with_local_recorder(&recorder, || guard.publish_metrics());
-    let observed = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .find_map(|(key, _, _, value)| (key.key().name() == OBSERVED_FPR).then_some(value));
+    let observed = by_name(&snapshotter).remove(OBSERVED_FPR);
     assert!(
         matches!(observed, Some(DebugValue::Gauge(rate)) if rate.0.is_nan()),
         "{observed:?}"
@@ -187,12 +193,7 @@ fn the_product_modes_reach_the_recorder() {
     metrics::with_local_recorder(&recorder, || guard.publish_metrics());
 
     let stats = guard.stats();
-    let values: HashMap<String, DebugValue> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .map(|(key, _, _, value)| (key.key().name().to_owned(), value))
-        .collect();
+    let values = by_name(&snapshotter);
     assert!(stats.unverified_positives >= 1_000);
     assert_eq!(
         values[UNVERIFIED_POSITIVES_TOTAL],
@@ -234,18 +235,6 @@ fn the_gauges_are_published_while_the_task_rebuilds() {
 
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    // One snapshot for every gauge: taking one resets what it read.
-    let gauges = || -> HashMap<String, f64> {
-        snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .filter_map(|(key, _, _, value)| match value {
-                DebugValue::Gauge(value) => Some((key.key().name().to_owned(), value.0)),
-                _ => None,
-            })
-            .collect()
-    };
     // The task runs on this thread, where the recorder is installed.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -262,9 +251,14 @@ fn the_gauges_are_published_while_the_task_rebuilds() {
             let maintenance = guard.spawn_maintenance();
             let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
             loop {
-                let published = gauges();
-                if published.get(REBUILDING) == Some(&1.0) {
-                    assert_eq!(published.get(WARMING), Some(&1.0), "{published:?}");
+                // One snapshot for both gauges: taking one resets what it read.
+                let published = by_name(&snapshotter);
+                let gauge = |name: &str| match published.get(name) {
+                    Some(DebugValue::Gauge(value)) => Some(value.0),
+                    _ => None,
+                };
+                if gauge(REBUILDING) == Some(1.0) {
+                    assert_eq!(gauge(WARMING), Some(1.0), "{published:?}");
                     break;
                 }
                 assert!(

@@ -118,13 +118,18 @@ impl PgSource {
             // is a standby: behind a router that balances reads, any page
             // may be read on one (and `pg_is_in_recovery()`, volatile, keeps
             // pgpool's on the primary). One row even for an empty page.
+            // The keys come back under a fixed collation: a result that took
+            // the column's would change type with a migration of its
+            // collation, and every connection that had prepared the query
+            // would then fail each page ("cached plan must not change result
+            // type"); the pages are ordered by the column all the same.
             first_page: format!(
                 "SELECT pg_is_in_recovery(), ARRAY(SELECT {key}::text FROM {relation} \
-                 WHERE {key} IS NOT NULL ORDER BY {key} LIMIT $1)"
+                 WHERE {key} IS NOT NULL ORDER BY {key} LIMIT $1) COLLATE \"C\""
             ),
             next_page: format!(
                 "SELECT pg_is_in_recovery(), ARRAY(SELECT {key}::text FROM {relation} \
-                 WHERE {key} > $1 ORDER BY {key} LIMIT $2)"
+                 WHERE {key} > $1 ORDER BY {key} LIMIT $2) COLLATE \"C\""
             ),
             // The type under every domain (a domain may be over another),
             // and the collation by name, as `pg_collation_for` spells it

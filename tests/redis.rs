@@ -22,19 +22,6 @@ fn guard_over(server: &RedisServer, policy: RebuildPolicy) -> Guard {
         .unwrap()
 }
 
-/// How often the server ran `command`, from `INFO commandstats`.
-fn command_calls(server: &RedisServer, command: &str) -> u64 {
-    let mut connection = server.client().get_connection().unwrap();
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut connection)
-        .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guard_rebuilds_from_scan_and_loads_with_get_and_mget() {
     let server = RedisServer::start();
@@ -73,7 +60,7 @@ async fn a_guard_rebuilds_from_scan_and_loads_with_get_and_mget() {
     assert_eq!(guarded.get("7").await.unwrap(), Some(b"value 7".to_vec()));
     // A batch: the candidates the guard rules out never reach Redis, and the
     // rest go in one MGET.
-    let mgets_before = command_calls(&server, "mget");
+    let mgets_before = server.command_calls("mget");
     let candidates: Vec<String> = (0..100)
         .map(|i| match i % 10 {
             0 => (i * 100).to_string(),
@@ -85,7 +72,7 @@ async fn a_guard_rebuilds_from_scan_and_loads_with_get_and_mget() {
         let expected = (!candidate.starts_with("absent")).then(|| format!("value {candidate}"));
         assert_eq!(value.as_deref(), expected.as_deref().map(str::as_bytes));
     }
-    assert_eq!(command_calls(&server, "mget") - mgets_before, 1);
+    assert_eq!(server.command_calls("mget") - mgets_before, 1);
 
     let service = GuardLayer::for_loader(guard.clone()).layer(loader);
     assert_eq!(

@@ -118,6 +118,19 @@ impl RedisServer {
         }
     }
 
+    /// How often the server ran `command`, from `INFO commandstats`.
+    pub(crate) fn command_calls(&self, command: &str) -> u64 {
+        let mut connection = self.client().get_connection().unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut connection)
+            .unwrap();
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+    }
+
     pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();

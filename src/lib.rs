@@ -1,5 +1,6 @@
 // Link definitions ahead of the README's: the first of two wins, so rustdoc
-// links items where GitHub, reading the README's own, links their source.
+// links items where GitHub, reading the README's own, links their source,
+// and the repository's other files to their docs.rs source view.
 #![doc = "[`AtomicBloom`]: crate::AtomicBloom"]
 #![doc = "[`Guard`]: crate::Guard"]
 #![doc = "[`KeySource`]: crate::KeySource"]
@@ -14,6 +15,9 @@
 #![doc = "[`FleetSync`]: crate::redis::FleetSync"]
 #![doc = "[fleet module docs]: crate::redis::fleet"]
 #![doc = "[`verify`]: crate::verify"]
+#![doc = "[examples-readme]: https://docs.rs/crate/bloomguard/latest/source/examples/README.md"]
+#![doc = "[security]: https://docs.rs/crate/bloomguard/latest/source/SECURITY.md"]
+#![doc = "[benchmarks]: https://docs.rs/crate/bloomguard/latest/source/BENCHMARKS.md"]
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -11,8 +11,20 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use common::redis_server::RedisServer;
+
+/// The demo's flags as a test gives them. The store URLs' environment
+/// variables are not read: a developer's shell that sets `DATABASE_URL`
+/// would otherwise point the in-memory runs at that database.
+fn parse<'a>(args: impl IntoIterator<Item = &'a str>) -> Result<seen_items::Args, clap::Error> {
+    let command = ["redis_url", "redis_cluster_urls", "database_url"]
+        .into_iter()
+        .fold(seen_items::Args::command(), |command, store| {
+            command.mut_arg(store, |arg| arg.env(None))
+        });
+    seen_items::Args::from_arg_matches(&command.try_get_matches_from(args)?)
+}
 
 fn chart_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("bloomguard-{name}-{}.svg", std::process::id()))
@@ -45,7 +57,7 @@ fn small_run(chart: &Path, extra: &[&str]) -> seen_items::Args {
     ];
     args.push(chart.to_str().unwrap());
     args.extend_from_slice(extra);
-    seen_items::Args::try_parse_from(args).unwrap()
+    parse(args).unwrap()
 }
 
 fn run(args: seen_items::Args) -> seen_items::report::Outcome {
@@ -238,7 +250,7 @@ fn the_gate_runs_against_real_postgres() {
     );
     std::fs::remove_file(chart).unwrap();
 
-    let refused = seen_items::Args::try_parse_from([
+    let refused = parse([
         "seen_items",
         "--database-url",
         &url,
@@ -401,7 +413,7 @@ fn three_instances_as_one_fleet_keep_every_seen_item_seen() {
     assert_three_instances_ran_as_one_fleet(&outcome);
     std::fs::remove_file(chart).unwrap();
 
-    let refused = seen_items::Args::try_parse_from(["seen_items", "--instances", "2"])
+    let refused = parse(["seen_items", "--instances", "2"])
         .unwrap()
         .check()
         .unwrap_err();
@@ -466,7 +478,7 @@ fn bad_flags_are_refused_before_the_history_is_drawn() {
     refused(&["--drift", "0.5"], "drift");
     refused(&["--audit-every", "0"], "--audit-every");
     assert!(small_run(&chart, &["--history", "0"]).check().is_ok());
-    let unparsed = seen_items::Args::try_parse_from(["seen_items", "--verify", "sample:2"]);
+    let unparsed = parse(["seen_items", "--verify", "sample:2"]);
     assert!(unparsed.is_err(), "a sample fraction above 1");
 }
 

@@ -29,7 +29,8 @@ use crate::stats::ThreadCounters;
 ///     .name("seen_items")
 ///     .expected_items(1_000_000)
 ///     .false_positive_rate(0.01)
-///     .lifecycle(Lifecycle::rotate(30, Duration::from_secs(24 * 3600)))
+///     // "Seen in the last 30 days": a key stays at least 30 of 31 periods.
+///     .lifecycle(Lifecycle::rotate(31, Duration::from_secs(24 * 3600)))
 ///     .build()?;
 /// assert_eq!(guard.stats().generations, 1);
 /// # Ok::<(), bloomguard::ConfigError>(())

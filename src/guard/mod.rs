@@ -14,7 +14,12 @@
 //! the store: call [`insert`](Guard::insert) first, then write (or let
 //! [`insert_then_write`](Guard::insert_then_write) do both in that order).
 //! Writing first leaves a window in which a reader finds the key in the store
-//! but the guard says absent. Writes that bypass the guard altogether make it
+//! but the guard says absent. And the write must become visible within the
+//! [write settle](RebuildPolicy::write_settle) (250 ms by default) of its
+//! insert: a rebuild that reads the store meanwhile keeps only what it finds
+//! there after the settle. A slower write (a long transaction) holds a
+//! [`PendingWrite`] ([`begin_write`](Guard::begin_write)) across it, as
+//! `insert_then_write` does. Writes that bypass the guard altogether make it
 //! stale; the optional staleness check ([`GuardBuilder::staleness_check`])
 //! finds them and triggers a rebuild.
 //!

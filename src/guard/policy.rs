@@ -19,7 +19,8 @@ pub enum Lifecycle {
     /// [`PendingWrite`](crate::PendingWrite), when the write landed; on the
     /// other members of a fleet, from the write's first append, or from its
     /// second where the write took over half the write settle):
-    /// "seen in the last 30 days" without deletion, in bounded memory.
+    /// "seen in the last 30 days" without deletion, in bounded memory, with
+    /// `rotate(31, one_day)` (a window of W periods takes W + 1 generations).
     /// The maintenance task rotates between its other work: a rotation
     /// that falls due during a rebuild (on a fleet, with taking the turn
     /// for it and sharing its set) or a staleness check waits for it to

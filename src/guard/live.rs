@@ -1,8 +1,9 @@
 //! The filters a guard answers from, swapped as one value, and
 //! [`LiveState`]: the only place that swaps them.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
@@ -94,7 +95,7 @@ impl LiveState {
 
     /// Frees the replaced sets no check can still be reading, waiting up to
     /// `wait` for the checks running now.
-    pub(crate) fn reclaim(&self, wait: Option<std::time::Duration>) {
+    pub(crate) fn reclaim(&self, wait: Option<Duration>) {
         self.checked.reclaim(wait);
     }
 
@@ -204,9 +205,11 @@ impl LiveState {
     }
 
     /// Keeps the newest `keep - 1` generations and opens the one `open`
-    /// makes for inserts. `open` runs under the swap lock, so the new
-    /// generation's clock starts after every insert that loaded the old set:
-    /// their keys are kept for a full window. A warming guard is left alone
+    /// makes for inserts. The new generation's clock starts once the set
+    /// that holds it is published, after every insert that wrote into the
+    /// old newest generation without seeing the new set (those that see it
+    /// follow it: `Guard::follow_rotations`): their keys are kept for a full
+    /// window, which ends `keep - 1` rotations on. A warming guard is left alone
     /// (its first build opens the first generation), and so is a set whose
     /// newest generation `due` does not find due.
     pub(crate) fn rotate(
@@ -220,11 +223,12 @@ impl LiveState {
         if set.warming || !set.newest().is_some_and(|newest| due(newest)) {
             return;
         }
-        let fresh = open();
+        let fresh = Arc::new(open());
         let keep_from = (set.generations.len() + 1).saturating_sub(keep);
         let mut kept = set.generations[keep_from..].to_vec();
-        kept.push(Arc::new(fresh));
+        kept.push(Arc::clone(&fresh));
         self.publish(set.replaced(kept));
+        fresh.start_clock();
     }
 
     /// Adds the generation `open` makes after `full`, unless another insert
@@ -470,7 +474,11 @@ pub(crate) struct Generation {
     pub(crate) filter: AtomicBloom,
     pub(crate) capacity: u64,
     pub(crate) fp_rate: f64,
-    pub(crate) opened_at: Instant,
+    /// When it was made, or, restored from a snapshot, made elsewhere.
+    pub(crate) made_at: Instant,
+    /// Nanoseconds from `made_at` to the publish of the set that opened it
+    /// for inserts (a rotation's), which starts its window's clock.
+    clock_start_delay_ns: AtomicU64,
     /// The set-bit count at which the filter holds `capacity` keys.
     pub(crate) full_at_set_bits: u64,
     /// Inserts whose hash has these bits clear check whether the filter is full.
@@ -497,11 +505,24 @@ impl Generation {
             filter,
             capacity,
             fp_rate,
-            opened_at: Instant::now(),
+            made_at: Instant::now(),
+            clock_start_delay_ns: AtomicU64::new(0),
             full_at_set_bits,
             fullness_check_mask: (1u64 << interval.ilog2()) - 1,
             grows_no_further: AtomicBool::new(false),
         }
+    }
+
+    /// When the generation's window began: when it was made, or when a
+    /// rotation published it.
+    pub(crate) fn opened_at(&self) -> Instant {
+        self.made_at + Duration::from_nanos(self.clock_start_delay_ns.load(Ordering::Relaxed))
+    }
+
+    /// Starts the window's clock now: the set that opens it is published.
+    fn start_clock(&self) {
+        let delay = u64::try_from(self.made_at.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.clock_start_delay_ns.store(delay, Ordering::Relaxed);
     }
 
     /// Whether the filter holds its capacity, checked on a sample of inserts.

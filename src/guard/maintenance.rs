@@ -217,7 +217,7 @@ impl Guard {
         if live.warming {
             return None;
         }
-        Some(live.newest()?.opened_at + period)
+        Some(live.newest()?.opened_at() + period)
     }
 
     /// Asks the store about a key the guard answered `Absent` for; returns

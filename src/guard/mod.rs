@@ -929,7 +929,7 @@ impl Guard {
         let Lifecycle::Rotate { period, .. } = self.inner.lifecycle else {
             return Ok(());
         };
-        self.rotate_where(|newest| newest.opened_at + period <= now)
+        self.rotate_where(|newest| newest.opened_at() + period <= now)
     }
 
     /// Rotates if `due` says so of the newest generation, decided under the
@@ -1117,6 +1117,43 @@ mod tests {
         guard.insert_into(&loaded, hash);
         drop(loaded);
         assert_eq!(guard.check("stalled"), Verdict::MaybePresent);
+    }
+
+    /// An insert that loaded the live set while a rotation made its new
+    /// generation wrote into the old newest one; the new generation's window
+    /// was counted from its making, before that insert, so the old one (and
+    /// the key) left up to that long before the key's window ended.
+    #[test]
+    fn a_rotations_window_starts_after_the_inserts_into_the_set_it_replaces() {
+        let guard = Guard::builder()
+            .expected_items(1_000)
+            .lifecycle(Lifecycle::rotate(2, Duration::from_secs(3600)))
+            .build()
+            .unwrap();
+        let rate = guard.first_filter_rate();
+        let filter = guard.new_filter(1_000, rate).unwrap();
+        let mut inserted_at = None;
+        guard.inner.live.rotate(
+            2,
+            |_| true,
+            || {
+                let fresh = Generation::new(filter, 1_000, rate);
+                std::thread::scope(|scope| {
+                    scope.spawn(|| {
+                        guard.insert("meanwhile");
+                        inserted_at = Some(tokio::time::Instant::now());
+                    });
+                });
+                fresh
+            },
+        );
+        let live = guard.inner.live.load();
+        let newest = live.newest().unwrap();
+        assert!(
+            !newest.filter.contains_hashed(guard.hash(b"meanwhile")),
+            "the insert wrote into the old newest generation"
+        );
+        assert!(newest.opened_at() >= inserted_at.unwrap());
     }
 
     /// A write held open (`begin_write`) while two rotations pass put its

@@ -30,6 +30,16 @@ pub enum Lifecycle {
     ///
     /// `expected_items` is per generation, and each generation is sized for
     /// `false_positive_rate / generations`, so that the OR meets the target.
+    ///
+    /// A rebuild (from a source, on any trigger) replaces every generation
+    /// with one filter of what the source lists, whose window starts with
+    /// the rebuild: give a rotating guard a source only if it lists just
+    /// the keys inside the window (a store that expires them), or every key
+    /// it ever held is present again for a whole window, in a filter sized
+    /// for all of them. A key inserted but not listed by the source leaves
+    /// at the rebuild. A generation restored from a snapshot (a fleet
+    /// member's) keeps the age it had when the snapshot was taken: its
+    /// window runs on longer by the time the snapshot waited.
     Rotate {
         /// How many generations are queried (2 to 64).
         generations: usize,

@@ -46,7 +46,7 @@ fn encode(generations: &[Arc<Generation>]) -> Vec<u8> {
         let encoded = g.filter.to_bytes();
         bytes.extend_from_slice(&g.capacity.to_le_bytes());
         bytes.extend_from_slice(&g.fp_rate.to_le_bytes());
-        let age_ms = u64::try_from(g.opened_at.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let age_ms = u64::try_from(g.opened_at().elapsed().as_millis()).unwrap_or(u64::MAX);
         bytes.extend_from_slice(&age_ms.to_le_bytes());
         bytes.extend_from_slice(&(encoded.len() as u64).to_le_bytes());
         bytes.extend_from_slice(&encoded);
@@ -171,7 +171,7 @@ impl Guard {
             .into_iter()
             .map(|f| {
                 let mut generation = Generation::new(f.filter, f.capacity, f.fp_rate);
-                generation.opened_at = now.checked_sub(f.age).unwrap_or(now);
+                generation.made_at = now.checked_sub(f.age).unwrap_or(now);
                 Arc::new(generation)
             })
             .collect();

@@ -2552,6 +2552,48 @@ async fn a_fenced_member_trusts_neither_its_maybe_nor_its_cached_absent_answers(
     assert!(loader.contains("late").await.unwrap());
 }
 
+/// A slow write's `FleetWrite` dropped unfinished once the write had
+/// landed (its task cancelled: a client gone). b, asked about the key while
+/// the write was in flight and past the write settle, kept the backend's
+/// "absent" in its confirmed-absent cache; nothing announced the key to b
+/// again, so the cache answered absent for a stored key until its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_write_dropped_unfinished_still_clears_the_other_members_cached_absent() {
+    use bloomguard::{GuardedLoader, Verify};
+
+    let server = RedisServer::start();
+    let a = join(guard("a"), server.client(), "dropped").await;
+    let b = join(guard("b"), server.client(), "dropped").await;
+    let ledger = Ledger::default();
+    let backend = {
+        let store = Arc::clone(&ledger.store);
+        move |key: String| {
+            let found = store.lock().unwrap().contains(&key).then_some(());
+            async move { Ok::<_, std::convert::Infallible>(found) }
+        }
+    };
+    let loader = GuardedLoader::new(b.guard().clone(), backend)
+        .verify(Verify::All)
+        .unwrap()
+        .confirmed_absent_cache(1_000, Duration::from_secs(600))
+        .unwrap();
+
+    let write = a.fleet.begin_write("slow").await.unwrap();
+    tokio::time::sleep(RebuildPolicy::DEFAULT_WRITE_SETTLE * 2).await;
+    assert!(!loader.contains("slow").await.unwrap(), "not written yet");
+    ledger.store.lock().unwrap().insert("slow".to_owned());
+    drop(write);
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !loader.contains("slow").await.unwrap() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b's cache kept answering absent for a stored key"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_the_fleet_keeps_its_contract_across_a_failover() {
     // Two replicas per master: once one is promoted, the other still holds

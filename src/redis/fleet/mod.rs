@@ -1232,11 +1232,18 @@ impl Drop for MembershipEnds {
 
 /// A fleet write in progress, from [`FleetSync::begin_write`]: every member
 /// holds the key. Make the store write, then call [`finish`](Self::finish).
-/// Dropped unfinished, it is taken for a fast write: one slower than half
-/// the write settle may then be missed by a member whose rebuild read its
-/// source before the write landed, until that member's next rebuild, and on
-/// a rotating guard the other members count the key's window from the first
-/// append, not from the write landing.
+///
+/// Dropped unfinished (its task cancelled, a client gone) more than half
+/// the write settle after its append, it appends its keys again in the
+/// background, on the tokio runtime it is dropped on, as `finish` would,
+/// but waits for no member: the write may have landed, and a member whose
+/// rebuild read its source earlier, or whose
+/// [confirmed-absent cache](crate::GuardedLoader::confirmed_absent_cache)
+/// kept the store's "absent" from before it landed, learns the key again.
+/// A write that lands after the drop, or a drop outside a runtime, is not
+/// covered: those members may miss the key until their next rebuild (the
+/// cache, for its ttl), and on a rotating guard they count the key's window
+/// from the first append.
 #[must_use = "call `finish` once the store write has landed"]
 pub struct FleetWrite {
     fleet: FleetSync,
@@ -1254,16 +1261,52 @@ impl FleetWrite {
     ///
     /// # Errors
     /// The second append or its acknowledgement failed: a member rebuilding
-    /// now may miss the key until its next rebuild, and on a rotating guard
-    /// a member that did not apply it counts the key's window from the first.
-    pub async fn finish(self) -> Result<(), FleetError> {
-        let settle = self.fleet.inner.guard.write_settle();
-        if self.appended_at.elapsed() > settle / 2 && !self.keys.is_empty() {
+    /// now may miss the key until its next rebuild, one whose
+    /// confirmed-absent cache asked the store before the write landed may
+    /// answer absent for it for the cache's ttl, and on a rotating guard a
+    /// member that did not apply it counts the key's window from the first.
+    /// (A failed append is tried once more in the background, as a drop.)
+    pub async fn finish(mut self) -> Result<(), FleetError> {
+        if self.landed_late() {
             let appended = self.fleet.append(&self.keys, true).await?;
+            // Appended: a drop from here on has nothing to announce.
+            self.keys.clear();
             self.fleet.wait_for_members(appended).await?;
         }
-        drop(self.local);
         Ok(())
+    }
+
+    /// Whether the write may land later than half the write settle after
+    /// its append: then it is announced again once it has landed.
+    fn landed_late(&self) -> bool {
+        let settle = self.fleet.inner.guard.write_settle();
+        !self.keys.is_empty() && self.appended_at.elapsed() > settle / 2
+    }
+}
+
+impl Drop for FleetWrite {
+    fn drop(&mut self) {
+        if !self.landed_late() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let fleet = self.fleet.clone();
+        let keys = std::mem::take(&mut self.keys);
+        // This member's own rebuilds wait for the writes until the append.
+        let local = std::mem::take(&mut self.local);
+        runtime.spawn(async move {
+            if let Err(error) = fleet.append(&keys, true).await {
+                tracing::warn!(
+                    %error,
+                    keys = keys.len(),
+                    "cannot announce an unfinished slow write again: members may miss its keys \
+                     until they rebuild"
+                );
+            }
+            drop(local);
+        });
     }
 }
 

@@ -7,7 +7,7 @@
 //! lands there is a false positive with probability `fill^k`. The filter's FPR
 //! is the expectation of that over `j`. Crowded blocks cost more than empty
 //! blocks save, which is why a blocked filter needs more bits per key than the
-//! textbook `−ln p / (ln 2)²` (about 0.4 more at 1 %) and a smaller `k`.
+//! textbook `−ln p / (ln 2)²` (about 0.3 more at 1 %) and a smaller `k`.
 
 use crate::error::ConfigError;
 

@@ -107,7 +107,7 @@ impl AtomicBloom {
     /// bits per key with k = 6, 0.3 bits more than the textbook unblocked filter.
     ///
     /// # Errors
-    /// [`ConfigError`] if `expected_items` is 0, `fp_rate` is not in (0, 1), or
+    /// [`ConfigError`] if `expected_items` is 0, `fp_rate` is not in [1e-8, 1), or
     /// the filter would exceed [`DEFAULT_MAX_BYTES`].
     pub fn new(expected_items: u64, fp_rate: f64) -> Result<Self, ConfigError> {
         FilterBuilder::for_items(expected_items, fp_rate).build()

@@ -177,7 +177,7 @@ impl GuardBuilder {
     ///
     /// # Errors
     /// [`ConfigError`] naming the first option out of range: zero items, a
-    /// rate outside (0, 1), a lifecycle or rebuild parameter out of range
+    /// rate outside [1e-8, 1), a lifecycle or rebuild parameter out of range
     /// (a rotating guard's write settle must be shorter than its window),
     /// a `maintenance_interval` of zero or over 100 years,
     /// a staleness fraction outside (0, 1], or a first filter over the

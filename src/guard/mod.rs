@@ -898,6 +898,10 @@ impl Guard {
     /// # Errors
     /// [`StillWarming`] if the first build has not completed by then; the
     /// guard keeps answering `Warming` (failing open) meanwhile.
+    ///
+    /// # Panics
+    /// Polled outside a tokio runtime, or on one built without its time
+    /// driver (`enable_time`), whose timer it waits on.
     pub async fn ready_within(&self, timeout: Duration) -> Result<(), StillWarming> {
         tokio::time::timeout(timeout, self.ready())
             .await

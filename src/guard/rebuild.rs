@@ -92,6 +92,11 @@ impl Guard {
     /// # Errors
     /// [`RebuildError`]; the live filters keep serving, and the failure is
     /// counted in [`GuardStats::rebuilds`](super::GuardStats::rebuilds).
+    ///
+    /// # Panics
+    /// Polled outside a tokio runtime, or on one built without its time
+    /// driver (`enable_time`): it keeps its timeout and write settle on
+    /// tokio's timer.
     pub async fn rebuild(&self) -> Result<RebuildReport, RebuildError> {
         if self.inner.source.is_none() {
             return Err(RebuildError::NoSource);

@@ -3,8 +3,10 @@
 //!
 //! [`GuardLayer`] wraps a service in a [`GuardService`]: it takes the key of
 //! each request, checks it, and on [`Verdict::Absent`] answers at once (no
-//! call, and no allocation unless the key needs one: a percent-encoded id,
-//! [`PathKey::map`](http::PathKey::map)). Otherwise it calls the inner service and counts what
+//! call, and no allocation unless the key or the answer needs one: a
+//! percent-encoded id, [`PathKey::map`](http::PathKey::map),
+//! `with_absent_header`; or the check does, as [`Guard::check`] says: a
+//! staleness sample, a thread's first check). Otherwise it calls the inner service and counts what
 //! the response says — found, not found (a false positive after
 //! `MaybePresent`), or neither — in the guard's statistics. Errors pass
 //! through unchanged and are never counted as "not found". Requests without

@@ -399,7 +399,9 @@ where
     ///
     /// The key is borrowed (a `&str` for a `String` key, as `HashMap::get`
     /// takes one): it is copied into an owned one only to ask the backend,
-    /// so an absent key costs no allocation.
+    /// so an absent key costs no allocation (but where
+    /// [`Guard::check`] makes one: a staleness check's sample of it, or a
+    /// thread's first check).
     ///
     /// # Errors
     /// The loader's error, shared with every caller that waited on the same

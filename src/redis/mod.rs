@@ -348,7 +348,8 @@ impl RedisSource {
         }
     }
 
-    /// The `COUNT` hint of each `SCAN` call (default [`DEFAULT_COUNT`](Self::DEFAULT_COUNT)).
+    /// The `COUNT` hint of each `SCAN` call (default [`DEFAULT_COUNT`](Self::DEFAULT_COUNT);
+    /// at least 1).
     #[must_use]
     pub fn count(mut self, count: usize) -> Self {
         self.count = count.max(1);

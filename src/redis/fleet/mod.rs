@@ -499,9 +499,10 @@ impl FleetSyncBuilder {
 
     /// How long a writer waits for members that keep their leases but do not
     /// apply its insert (3 leases unless told) before it gives up, and the
-    /// write is not made. At most [`MAX_DURATION`].
+    /// write is not made. At least 100 ms (a member applies an insert a
+    /// Redis round trip after its append, at best), at most [`MAX_DURATION`].
     pub fn ack_timeout(mut self, timeout: Duration) -> Self {
-        self.ack_timeout = Some(timeout.min(MAX_DURATION));
+        self.ack_timeout = Some(timeout.clamp(SHORTEST_PERIOD, MAX_DURATION));
         self
     }
 
@@ -511,13 +512,16 @@ impl FleetSyncBuilder {
     /// appended while a snapshot is encoded, uploaded and loaded: a publish
     /// the cap trimmed past is refused, and a snapshot trimmed past before
     /// a joiner loads it covers nothing, so that members without a source
-    /// would stay fenced.
+    /// would stay fenced. At least 1.
     pub fn stream_max_len(mut self, max_len: usize) -> Self {
         self.settings.stream_max_len = max_len.max(1);
         self
     }
 
-    /// Splits snapshots into Redis strings of at most `bytes` each.
+    /// Splits snapshots into Redis strings of at most `bytes` each (at
+    /// least 1; default [`DEFAULT_SNAPSHOT_CHUNK_BYTES`](FleetSync::DEFAULT_SNAPSHOT_CHUNK_BYTES)).
+    /// Each chunk is a key of its own, written and read in one command:
+    /// small chunks make many.
     pub fn snapshot_chunk_bytes(mut self, bytes: usize) -> Self {
         self.settings.chunk_bytes = bytes.max(1);
         self

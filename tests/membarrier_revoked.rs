@@ -101,8 +101,17 @@ fn after_membarrier_is_refused_checks_stay_correct_and_replaced_filters_are_free
         assert_ne!(guard.check(&stored[1]), Verdict::Absent);
         // A thread started now fences from its first section.
         scope.spawn(|| check_until_stopped(stored.len() / 2, &|| {}));
-        swapped.swap(SWAPS_FREED);
-        (held, process_live_bytes() - before)
+        swapped.swap(SWAPS_FREED - 10);
+        // The least kept over the last ten swaps: a checker descheduled
+        // mid-section holds back the reclaims while it is off the CPU.
+        let kept = (0..10)
+            .map(|_| {
+                swapped.swap(1);
+                process_live_bytes() - before
+            })
+            .min()
+            .unwrap();
+        (held, kept)
     });
     assert!(
         held > (SWAPS_HELD as isize / 2) * filter_bytes,

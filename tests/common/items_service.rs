@@ -127,6 +127,7 @@ pub(crate) fn guard_over(store: &Arc<Store>) -> Guard {
         .name("items")
         .expected_items(1_000_000)
         .false_positive_rate(0.01)
+        .seed(0x5eed)
         .rebuild_policy(RebuildPolicy::default().when_drift_exceeds(2.0));
     #[cfg(feature = "redis")]
     if let Some(redis) = &store.redis {

@@ -51,6 +51,7 @@ pub(crate) fn absent_keys(first: u64, count: u64) -> Vec<String> {
 pub(crate) fn guard_from(source: impl bloomguard::KeySource) -> bloomguard::Guard {
     bloomguard::Guard::builder()
         .expected_items(100_000)
+        .seed(0x5eed)
         .source(source)
         .build()
         .unwrap()

@@ -29,7 +29,11 @@ fn ready_now<F: Future>(future: F) -> F::Output {
 
 #[test]
 fn the_loader_form_answers_absent_keys_without_allocating() {
-    let guard = Guard::builder().expected_items(10_000).build().unwrap();
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .seed(0x5eed)
+        .build()
+        .unwrap();
     guard.insert("item:1");
     let mut service =
         GuardLayer::for_loader(guard.clone()).layer(service_fn(|_key: &'static str| async {
@@ -60,7 +64,11 @@ fn the_loader_form_answers_absent_keys_without_allocating() {
 
 #[test]
 fn the_http_form_answers_404_without_allocating() {
-    let guard = Guard::builder().expected_items(10_000).build().unwrap();
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .seed(0x5eed)
+        .build()
+        .unwrap();
     let mut service = GuardLayer::for_http(guard.clone(), PathKey::route("/items/{id}")).layer(
         service_fn(|_request: Request<String>| async {
             Ok::<_, Infallible>(Response::new(String::from("found")))
@@ -180,7 +188,11 @@ fn loader_holding(
     Guard,
     GuardedLoader<String, impl bloomguard::Loader<String, Value = u32, Error = Infallible>>,
 ) {
-    let guard = Guard::builder().expected_items(10_000).build().unwrap();
+    let guard = Guard::builder()
+        .expected_items(10_000)
+        .seed(0x5eed)
+        .build()
+        .unwrap();
     guard.insert(present);
     let loader = GuardedLoader::new(guard.clone(), |_key: String| async {
         Ok::<Option<u32>, Infallible>(Some(1))

@@ -1436,9 +1436,13 @@ mod tests {
     }
 
     fn member() -> FleetSync {
+        member_with_lease(FleetSync::DEFAULT_LEASE)
+    }
+
+    fn member_with_lease(lease: Duration) -> FleetSync {
         let guard = Guard::builder().expected_items(1_000).build().unwrap();
         let client = Client::open("redis://127.0.0.1:1/").unwrap();
-        let member = FleetSync::builder(guard, client, "t").build();
+        let member = FleetSync::builder(guard, client, "t").lease(lease).build();
         member.state().fleet_since = Some(1);
         member.state().position = "100-0".parse().unwrap();
         member
@@ -1466,7 +1470,9 @@ mod tests {
     /// and dropping the watch ends its thread.
     #[test]
     fn the_lease_watch_fences_without_a_runtime_and_ends_with_its_handle() {
-        let member = member();
+        // A long lease: the renewal in time must outlast a loaded machine's
+        // stalls of this thread and the 1.5 s sleep below by far.
+        let member = member_with_lease(Duration::from_secs(30));
         let holders = Arc::strong_count(&member.inner);
         let watch = member.watch_lease().unwrap();
         let lease = member.inner.settings.lease;
@@ -1474,14 +1480,15 @@ mod tests {
             sent_at: Instant::now() + after - fence_after(lease),
             ..renewal(&member, true, 1)
         };
-        // A second to renew in: a loaded machine may stall this thread
-        // between two statements for a good part of it.
-        member.renewed(fence_soon(Duration::from_secs(1)));
+        // Two seconds to renew in: a loaded machine may stall this thread
+        // between two statements for a good part of one.
+        member.renewed(fence_soon(Duration::from_secs(2)));
         assert!(!member.guard().is_fenced());
         let first_fence_at = member.state().fence_at.unwrap();
         member.renewed(renewal(&member, true, 1)); // renewed in time
         assert!(member.state().fence_at.unwrap() > first_fence_at);
-        std::thread::sleep(Duration::from_millis(1_500));
+        // Past the first fence time, far short of the renewed one's.
+        std::thread::sleep(Duration::from_secs(3));
         assert!(
             !member.guard().is_fenced(),
             "fenced at the lease renewed since"

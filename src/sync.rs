@@ -53,9 +53,12 @@ pub(crate) enum HeavyBarrier {
 ///
 /// Should `membarrier` fail after it was chosen (a seccomp profile applied
 /// later, or the kernel out of memory for the expedited command), the
-/// process turns to fences for good: `heavy` says it ordered only its own
-/// thread, and the reclaimer waits for every record to fence its sections
-/// (see `guard::sections`).
+/// process turns its readers to fences for good: `heavy` says it ordered
+/// only its own thread, and the reclaimer waits for every record to fence
+/// its sections (see `guard::sections`). Each later `heavy` still tries
+/// `membarrier`, which may serve again (the failure was one thread's: a
+/// filter installed on it alone; or the kernel's memory came back): a
+/// barrier that reaches every thread needs no record to have fenced.
 /// Kept here: the `membarrier` crate links Windows libraries on Linux.
 #[cfg(all(not(bloomguard_loom), feature = "guard"))]
 mod process_barrier {
@@ -66,6 +69,9 @@ mod process_barrier {
     const UNDECIDED: u8 = 0;
     const MEMBARRIER: u8 = 1;
     const FENCES: u8 = 2;
+    /// Readers fence, as with `FENCES`, after a `membarrier` failed; the
+    /// process is still registered for it, and reclaims still try it.
+    const TURNED: u8 = 3;
 
     static STRATEGY: AtomicU8 = AtomicU8::new(UNDECIDED);
 
@@ -80,7 +86,9 @@ mod process_barrier {
     }
 
     /// Whether `membarrier` serves, so that `light` may be a compiler fence
-    /// (decided on the first call; `false` for good after a turn).
+    /// (decided on the first call; `false` for good after a turn, even
+    /// where a later `membarrier` serves: a record made then would not
+    /// fence, and the next failure would find it unfenced).
     pub(crate) fn light_is_enough() -> bool {
         strategy() == MEMBARRIER
     }
@@ -90,19 +98,20 @@ mod process_barrier {
     /// on fence their sections.
     #[must_use]
     pub(crate) fn heavy() -> HeavyBarrier {
-        if strategy() == MEMBARRIER {
+        let strategy = strategy();
+        if strategy == MEMBARRIER || strategy == TURNED {
             if membarrier::private_expedited() {
                 return HeavyBarrier::EveryThread;
             }
             if STRATEGY
-                .compare_exchange(MEMBARRIER, FENCES, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(MEMBARRIER, TURNED, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
                 tracing::warn!(
                     error = %std::io::Error::last_os_error(),
                     "membarrier(2) failed after it was chosen: read sections fence from now on, \
-                     and replaced filters are freed once every thread that used a guard before \
-                     has used one again or exited"
+                     and while it fails, replaced filters are freed once every thread that used \
+                     a guard before has used one again or exited"
                 );
             }
         }

@@ -103,7 +103,9 @@ impl Verdict {
 
 /// Live Bloom filters in front of a store; cheap to clone (an `Arc` inside),
 /// `Send + Sync`. Made by [`Guard::builder`]; see the [module docs](self)
-/// for the ordering rule.
+/// for the ordering rule. Not for signal handlers: a thread's first check
+/// allocates, and a handler's check or insert that interrupts one of the
+/// thread's own could let a replaced filter be freed while it is read.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {

@@ -16,16 +16,18 @@
 //!
 //! Should `membarrier` fail after it was chosen (a seccomp profile applied
 //! later, or the kernel out of memory for the expedited command), the
-//! process turns to fences for good (`crate::sync`). The sections of a
-//! thread that claimed its record before then did not fence, and nothing on
-//! the reclaiming side pairs with them any more; so a reclaim frees nothing
-//! until each claimed record's owner has said from which of its sections on
-//! it fences (it learns from its record to do so, at its next check or
-//! count) or given the record back. Replaced sets then wait for every
-//! thread that held a record before the turn (it checked, inserted or
-//! counted) to touch a guard again (or set a bit in any filter) or exit;
-//! one that never does holds them for as long as it lives
-//! (`tests/membarrier_revoked.rs`).
+//! process turns its readers to fences for good (`crate::sync`). The
+//! sections of a thread that claimed its record before then did not fence,
+//! and a reclaim whose `membarrier` fails too has nothing that pairs with
+//! them; so it frees nothing until each claimed record's owner has said
+//! from which of its sections on it fences (it learns from its record to
+//! do so, at its next check or count) or given the record back. Replaced
+//! sets then wait for every thread that held a record before the turn (it
+//! checked, inserted or counted) to touch a guard again (or set a bit in
+//! any filter) or exit; one that never does holds them for as long as it
+//! lives (`tests/membarrier_revoked.rs`), unless a later reclaim's
+//! `membarrier` serves (the failure was one thread's, or passed), which
+//! reaches every thread (`tests/membarrier_refused_on_one_thread.rs`).
 //!
 //! Memory: a thread holds nothing between checks, so an idle thread keeps
 //! no replaced set alive (but after the turn above, until it touches a
@@ -43,7 +45,12 @@
 //! build its own guards after `exec`, as with any multi-threaded state.
 //!
 //! Sections nest: one opened inside another (a key's `as_ref` that checks a
-//! guard) opens nothing, and the outer one covers its reads.
+//! guard) opens nothing, and the outer one covers its reads. A signal
+//! handler's section does not: a section's opening reads the record's
+//! fence flag before it stores, and a handler that runs between the two
+//! and acknowledges a turn to fences leaves the interrupted opening
+//! unfenced where the record says it fences. Guards are not
+//! async-signal-safe (`Guard`'s docs say so).
 
 // Under loom the guard reads the slow way; only the models claim records.
 #![cfg_attr(all(bloomguard_loom, not(test)), allow(dead_code))]

@@ -11,6 +11,17 @@ const AUDIT_ARCH: u32 = 0xC000_00B7;
 /// Installs, on every thread of the process (and those it starts later), a
 /// filter that fails `membarrier` with `EPERM` and allows every other call.
 pub(crate) fn refuse_membarrier() {
+    install_refusal(libc::SECCOMP_FILTER_FLAG_TSYNC);
+}
+
+/// The same filter on the calling thread alone (and threads it starts
+/// later), as a sandboxed worker thread has it.
+#[allow(dead_code)] // not every binary that shares this module refuses on one thread
+pub(crate) fn refuse_membarrier_on_this_thread() {
+    install_refusal(0);
+}
+
+fn install_refusal(flags: libc::c_ulong) {
     const NR: u32 = 0; // offset of `seccomp_data.nr`
     const ARCH: u32 = 4; // offset of `seccomp_data.arch`
     let load = |offset| libc::sock_filter {
@@ -52,7 +63,7 @@ pub(crate) fn refuse_membarrier() {
             libc::syscall(
                 libc::SYS_seccomp,
                 libc::SECCOMP_SET_MODE_FILTER,
-                libc::SECCOMP_FILTER_FLAG_TSYNC,
+                flags,
                 &filter as *const libc::sock_fprog,
             ),
             0,

@@ -223,7 +223,7 @@ impl LiveState {
         if set.warming || !set.newest().is_some_and(|newest| due(newest)) {
             return;
         }
-        let fresh = Arc::new(open());
+        let fresh = Arc::new(open().with_clock_held());
         let keep_from = (set.generations.len() + 1).saturating_sub(keep);
         let mut kept = set.generations[keep_from..].to_vec();
         kept.push(Arc::clone(&fresh));
@@ -477,7 +477,8 @@ pub(crate) struct Generation {
     /// When it was made, or, restored from a snapshot, made elsewhere.
     pub(crate) made_at: Instant,
     /// Nanoseconds from `made_at` to the publish of the set that opened it
-    /// for inserts (a rotation's), which starts its window's clock.
+    /// for inserts (a rotation's), which starts its window's clock;
+    /// [`CLOCK_NOT_STARTED`] until then.
     clock_start_delay_ns: AtomicU64,
     /// The set-bit count at which the filter holds `capacity` keys.
     pub(crate) full_at_set_bits: u64,
@@ -488,6 +489,10 @@ pub(crate) struct Generation {
     /// full, which would take the swap lock each time.
     pub(crate) grows_no_further: AtomicBool,
 }
+
+/// A rotation's generation whose set is not published yet: its window has
+/// not begun, and reads of its clock (a snapshot's age) take it as now.
+const CLOCK_NOT_STARTED: u64 = u64::MAX;
 
 /// Inserts between two checks of the fill, at most: summing the stripes on
 /// every insert would cost more than the insert.
@@ -514,15 +519,28 @@ impl Generation {
     }
 
     /// When the generation's window began: when it was made, or when a
-    /// rotation published it.
+    /// rotation published it (now, until it has: an early read errs towards
+    /// a longer window).
     pub(crate) fn opened_at(&self) -> Instant {
-        self.made_at + Duration::from_nanos(self.clock_start_delay_ns.load(Ordering::Relaxed))
+        match self.clock_start_delay_ns.load(Ordering::Acquire) {
+            CLOCK_NOT_STARTED => Instant::now(),
+            delay => self.made_at + Duration::from_nanos(delay),
+        }
+    }
+
+    /// Holds the window's clock until [`start_clock`](Self::start_clock).
+    fn with_clock_held(self) -> Self {
+        self.clock_start_delay_ns
+            .store(CLOCK_NOT_STARTED, Ordering::Relaxed);
+        self
     }
 
     /// Starts the window's clock now: the set that opens it is published.
     fn start_clock(&self) {
-        let delay = u64::try_from(self.made_at.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.clock_start_delay_ns.store(delay, Ordering::Relaxed);
+        let delay = u64::try_from(self.made_at.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .min(CLOCK_NOT_STARTED - 1);
+        self.clock_start_delay_ns.store(delay, Ordering::Release);
     }
 
     /// Whether the filter holds its capacity, checked on a sample of inserts.

@@ -37,7 +37,11 @@
 //! longer (its thread preempted mid-check, or a slow `as_ref` of a key type
 //! in `check_many`, which runs inside the section) defers the drop to the
 //! first swap or maintenance tick after that section ends (a guard with no
-//! maintenance task keeps it until its next swap).
+//! maintenance task keeps it until its next swap). Each replaced set waits
+//! only for the sections open at the barrier after its replacement, not for
+//! a moment with every section closed: long sections that keep overlapping
+//! (threads preempted one after another on a throttled host) hold back no
+//! set replaced before they opened.
 //!
 //! A child process made by `fork` copies every record, and one whose thread
 //! was inside a section stays open there for good: each swap in the child
@@ -269,9 +273,12 @@ impl Registry {
         record.claimed.store(false, Ordering::Release);
     }
 
-    /// Waits until every section open now has ended, for up to `wait`
-    /// (`None`: for as long as it takes). `true` once they all have.
-    pub(crate) fn wait_for_open_sections(&self, wait: Option<Duration>) -> bool {
+    /// The sections open now, behind a heavy barrier: any that may read a
+    /// value unpublished before this call is among them. `None` where a
+    /// claimed record's sections do not fence and the barrier did not reach
+    /// its thread (a turn to fences it has not acknowledged yet): nothing
+    /// here pairs with those.
+    fn open_sections(&self) -> Option<OpenSections<'_>> {
         // After this, a section that loaded a replaced pointer has made its
         // opening store visible here (and one opened later loads the new one),
         // if it fenced or the barrier reached every thread.
@@ -298,26 +305,38 @@ impl Registry {
                 open.push((record, sequence));
             }
         }
-        if unfenced {
-            return false;
-        }
-        let deadline = wait.map(|wait| Instant::now() + wait);
-        for (record, opened) in open {
-            let mut spins = 0u32;
-            while record.sequence.load(Ordering::Acquire) == opened {
-                if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                    return false;
-                }
-                spins += 1;
-                if spins < 64 {
-                    std::hint::spin_loop();
-                } else {
-                    crate::sync::yield_now();
-                }
+        (!unfenced).then_some(open)
+    }
+}
+
+/// Sections open at a heavy barrier: each record with its (odd) sequence
+/// then. A section has ended once its record's sequence moved on (it only
+/// grows, across owners too).
+type OpenSections<'a> = Vec<(&'a Record, u64)>;
+
+/// Drops from `open` the sections that have ended, waiting for the others
+/// until `deadline` (`None`: for as long as it takes). `true` once none is
+/// left.
+fn forget_ended(open: &mut OpenSections<'_>, deadline: Option<Instant>) -> bool {
+    let mut past_deadline = false;
+    open.retain(|&(record, opened)| {
+        let mut spins = 0u32;
+        while record.sequence.load(Ordering::Acquire) == opened {
+            past_deadline =
+                past_deadline || deadline.is_some_and(|deadline| Instant::now() >= deadline);
+            if past_deadline {
+                return true;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                crate::sync::yield_now();
             }
         }
-        true
-    }
+        false
+    });
+    open.is_empty()
 }
 
 /// The process's records.
@@ -432,7 +451,18 @@ pub(crate) struct Published<T> {
 
 struct Owned<T> {
     current: Arc<T>,
+    /// Replaced since the last barrier.
     retired: Vec<Arc<T>>,
+    /// Replaced before a barrier, each batch freed once the sections open
+    /// at its barrier have ended: no later moment need find every section
+    /// closed at once.
+    waiting: Vec<Waiting<T>>,
+}
+
+struct Waiting<T> {
+    /// Held until `open` is empty, then dropped with the batch.
+    _values: Vec<Arc<T>>,
+    open: OpenSections<'static>,
 }
 
 impl<T> Published<T> {
@@ -443,6 +473,7 @@ impl<T> Published<T> {
             owned: Mutex::new(Owned {
                 current: value,
                 retired: Vec::new(),
+                waiting: Vec::new(),
             }),
         }
     }
@@ -502,18 +533,29 @@ impl<T> Published<T> {
         // that rotates) would otherwise hold up every reclaim after it.
         let _ = claimed_thread_record_index();
         let mut owned = unpoisoned(self.owned.lock());
-        // Every retired value was unpublished before the barrier this
-        // waits behind, so once the sections open at it have ended, none
-        // can be reading them.
-        if !owned.retired.is_empty() && self.registry.wait_for_open_sections(wait) {
-            owned.retired.clear();
+        // Every retired value was unpublished before the barrier behind
+        // these open sections, so once they have ended, none can be
+        // reading it.
+        if !owned.retired.is_empty()
+            && let Some(open) = self.registry.open_sections()
+        {
+            let values = std::mem::take(&mut owned.retired);
+            owned.waiting.push(Waiting {
+                _values: values,
+                open,
+            });
         }
+        let deadline = wait.map(|wait| Instant::now() + wait);
+        owned
+            .waiting
+            .retain_mut(|batch| !forget_ended(&mut batch.open, deadline));
     }
 
     /// Replaced values not freed yet.
     #[cfg(test)]
     pub(crate) fn retired(&self) -> usize {
-        unpoisoned(self.owned.lock()).retired.len()
+        let owned = unpoisoned(self.owned.lock());
+        owned.retired.len() + owned.waiting.iter().map(|b| b._values.len()).sum::<usize>()
     }
 }
 
@@ -603,6 +645,62 @@ mod tests {
         read_on_this_thread(&published, |value| {
             assert!(std::ptr::eq(value.0, &second_dropped))
         });
+    }
+
+    /// Two long sections that overlap (threads preempted mid-check, one
+    /// after the other): each reclaim found one of them open and freed
+    /// nothing, though the first value could only be read in the first
+    /// section. Sections that keep overlapping so kept every replaced value.
+    /// A value is now freed once the sections open when it was replaced
+    /// have ended, whatever opened since.
+    #[test]
+    fn a_value_is_freed_once_the_sections_open_at_its_replacement_end() {
+        let dropped = [(); 3].map(|()| StdAtomicBool::new(false));
+        let published = Published::new(Arc::new(Watched(&dropped[0])), registry());
+        let wait = Some(Duration::from_millis(20));
+        let (first_open, first_may_end, first_ended) =
+            (Barrier::new(2), Barrier::new(2), Barrier::new(2));
+        let (second_open, second_may_end) = (Barrier::new(2), Barrier::new(2));
+        let (first_freed, second_freed, retired) = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                read_on_this_thread(&published, |_| {
+                    first_open.wait();
+                    first_may_end.wait();
+                });
+                first_ended.wait();
+            });
+            first_open.wait();
+            published.replace(Arc::new(Watched(&dropped[1])));
+            published.reclaim(wait);
+            scope.spawn(|| {
+                read_on_this_thread(&published, |_| {
+                    second_open.wait();
+                    second_may_end.wait();
+                });
+            });
+            second_open.wait();
+            published.replace(Arc::new(Watched(&dropped[2])));
+            first_may_end.wait();
+            first_ended.wait();
+            // The second section still reads the second value.
+            published.reclaim(wait);
+            let seen = (
+                dropped[0].load(std::sync::atomic::Ordering::SeqCst),
+                dropped[1].load(std::sync::atomic::Ordering::SeqCst),
+                published.retired(),
+            );
+            second_may_end.wait();
+            seen
+        });
+        assert!(
+            first_freed,
+            "the first value outlived every section that could read it"
+        );
+        assert!(!second_freed);
+        assert_eq!(retired, 1);
+        published.reclaim(None);
+        assert!(dropped[1].load(std::sync::atomic::Ordering::SeqCst));
+        assert!(!dropped[2].load(std::sync::atomic::Ordering::SeqCst));
     }
 
     /// A section opened inside another (a key's `as_ref` that checks a
@@ -836,6 +934,27 @@ mod loom_tests {
             published.reclaim(None);
             let (before, after) = reader.join().unwrap();
             assert!(before <= after && after >= 1, "read {before} then {after}");
+        });
+    }
+
+    /// A reclaim past its deadline leaves the value with the sections open
+    /// at its barrier; later reclaims, with no barrier of their own (nothing
+    /// new retired), free it once those have ended.
+    #[test]
+    fn a_value_left_by_a_reclaim_is_freed_by_a_later_one_once_its_sections_end() {
+        bounded().check(|| {
+            let (registry, published) = published_value();
+            let reader = {
+                let published = LoomArc::clone(&published);
+                loom::thread::spawn(move || read_in_one_section(registry, &published))
+            };
+            published.replace(Arc::new(Value::new(2)));
+            while published.retired() > 0 {
+                published.reclaim(Some(Duration::ZERO));
+                loom::thread::yield_now();
+            }
+            let seen = reader.join().unwrap();
+            assert!(seen == 1 || seen == 2, "read {seen}");
         });
     }
 

@@ -775,7 +775,7 @@ impl FleetSync {
         Ok(FleetWrite {
             fleet: self.clone(),
             keys: keys.iter().map(|key| key.as_ref().to_vec()).collect(),
-            local,
+            _local: local,
             appended_at,
         })
     }
@@ -1244,16 +1244,18 @@ impl Drop for MembershipEnds {
 /// rebuild read its source earlier, or whose
 /// [confirmed-absent cache](crate::GuardedLoader::confirmed_absent_cache)
 /// kept the store's "absent" from before it landed, learns the key again.
-/// A write that lands after the drop, or a drop outside a runtime, is not
-/// covered: those members may miss the key until their next rebuild (the
-/// cache, for its ttl), and on a rotating guard they count the key's window
-/// from the first append.
+/// A write that lands after the drop, a drop outside a runtime, or one on
+/// a runtime that is shutting down (or never driven again) is not covered:
+/// those members may miss the key until their next rebuild (the cache, for
+/// its ttl), and on a rotating guard they count the key's window from the
+/// first append.
 #[must_use = "call `finish` once the store write has landed"]
 pub struct FleetWrite {
     fleet: FleetSync,
     keys: Vec<Vec<u8>>,
-    /// Covers this member's own rebuilds until the write lands.
-    local: Vec<PendingWrite>,
+    /// Covers this member's own rebuilds until the write lands: held until
+    /// `finish` returns or the write is dropped.
+    _local: Vec<PendingWrite>,
     appended_at: Instant,
 }
 
@@ -1277,6 +1279,8 @@ impl FleetWrite {
             self.keys.clear();
             self.fleet.wait_for_members(appended).await?;
         }
+        // Finished: not announced again at the drop, however late it is.
+        self.keys.clear();
         Ok(())
     }
 
@@ -1298,8 +1302,8 @@ impl Drop for FleetWrite {
         };
         let fleet = self.fleet.clone();
         let keys = std::mem::take(&mut self.keys);
-        // This member's own rebuilds wait for the writes until the append.
-        let local = std::mem::take(&mut self.local);
+        // This member's own `PendingWrite`s end with the drop (the fields'),
+        // not with a task that a runtime no longer driven may never run.
         runtime.spawn(async move {
             if let Err(error) = fleet.append(&keys, true).await {
                 tracing::warn!(
@@ -1309,7 +1313,6 @@ impl Drop for FleetWrite {
                      until they rebuild"
                 );
             }
-            drop(local);
         });
     }
 }
@@ -1471,7 +1474,7 @@ mod tests {
     #[test]
     fn the_lease_watch_fences_without_a_runtime_and_ends_with_its_handle() {
         // A long lease: the renewal in time must outlast a loaded machine's
-        // stalls of this thread and the 1.5 s sleep below by far.
+        // stalls of this thread and the 3 s sleep below by far.
         let member = member_with_lease(Duration::from_secs(30));
         let holders = Arc::strong_count(&member.inner);
         let watch = member.watch_lease().unwrap();

@@ -71,7 +71,8 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 ///     .expected_items(10_000_000)
 ///     // `id` is a `text` column; for another type (or `char(n)`) list it
 ///     // as text, `PgSource::from_query(pool, "SELECT id::text AS id FROM
-///     // items", "id")`, with an index on `(id::text)` for the pages.
+///     // items", "id")`, with an index on `(id::text)` for the pages, and
+///     // check keys in that text form (see `from_query`).
 ///     .source(PgSource::new(pool, "items", "id"))
 ///     .build()?;
 /// # let _ = guard;
@@ -99,13 +100,31 @@ impl PgSource {
     pub const DEFAULT_PAGE: i64 = 10_000;
 
     /// The keys in column `key_column` of `table` (`"name"` or
-    /// `"schema.name"`).
+    /// `"schema.name"`: split at each `.` and each part quoted; a table
+    /// whose name holds a `.` takes [`from_query`](Self::from_query)).
+    /// An unqualified name resolves on each pooled connection's
+    /// `search_path`: qualify it where connections differ (a session's
+    /// temporary table of the same name comes first there).
     pub fn new(pool: PgPool, table: &str, key_column: &str) -> Self {
         Self::over(pool, &quoted(table), &quoted(key_column))
     }
 
     /// The keys in column `key_column` of the rows `query` returns (a
     /// `SELECT`, wrapped as a subquery: `SELECT id FROM items WHERE NOT deleted`).
+    ///
+    /// A write that brings a row into the query's result is a write of its
+    /// key under the [ordering rule](crate::guard#the-ordering-rule): an
+    /// `UPDATE … SET deleted = false`, like an `INSERT`, inserts into the
+    /// guard first. The loader must apply the same filter, or a deleted
+    /// row is served on a false positive and answered absent otherwise.
+    ///
+    /// A key of another type listed as text (`SELECT id::text AS id`)
+    /// holds the column's canonical text: `check` keys in that form only.
+    /// A uuid the application received as `A0EEBC99-…` (upper case) is
+    /// absent in a guard that holds `a0eebc99-…`, though the store's
+    /// `= $1::uuid` finds it; so are `007` and `+7` for an `int` 7.
+    /// Parse and format a key before checking it, or
+    /// [`map_key`](Self::map_key) to the form the application checks.
     pub fn from_query(pool: PgPool, query: &str, key_column: &str) -> Self {
         Self::over(pool, &format!("({query}) AS listed"), &quoted(key_column))
     }
@@ -228,6 +247,14 @@ impl PgSource {
                  (by case or accent) would be skipped between pages; give the column a \
                  deterministic collation (COLLATE \"C\", or the database's default)",
             ));
+        }
+        if let (Some(collation), None) = (&collation, deterministic) {
+            // Named, but not found where the name says (a session's
+            // temporary collation): whether it is deterministic is unknown.
+            return Err(SourceError::new(format!(
+                "the key column's collation {collation} was not found in pg_collation: \
+                 cannot tell whether it compares keys byte for byte"
+            )));
         }
         Ok(KeyOrder {
             key_type,

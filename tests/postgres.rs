@@ -356,6 +356,35 @@ async fn an_int_key_column_fails_the_pass_saying_so() {
     );
 }
 
+/// A key column under a collation the check cannot find by the name
+/// `pg_collation_for` gives (a session's temporary one, named `pg_temp.…`
+/// where its schema is `pg_temp_N`): whether it is deterministic was
+/// unknown, and the pass went on as if it were, over a collation that is
+/// not (it ended whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_column_under_a_collation_the_check_cannot_find_fails_the_pass() {
+    let server = PostgresServer::start();
+    // One connection: the temporary collation and table are its own.
+    let one_connection = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    execute(
+        &one_connection,
+        &[
+            "CREATE COLLATION pg_temp.hidden (provider = icu, locale = 'und', \
+             deterministic = false)",
+            "CREATE TEMP TABLE tags (name text COLLATE pg_temp.hidden NOT NULL)",
+            "INSERT INTO tags VALUES ('a'), ('A'), ('b')",
+        ],
+    )
+    .await;
+    let guard = guard_from(PgSource::new(one_connection.clone(), "tags", "name"));
+    let error = guard.rebuild().await.unwrap_err();
+    assert!(error.to_string().contains("was not found"), "{error}");
+}
+
 /// A migration during a pass that changes how the key column orders (its
 /// collation) leaves the pages before it and after it in two orders. From
 /// "C" (`B Z a c`) to a linguistic order (`a B c Z`), the page after `Z`,

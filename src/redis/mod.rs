@@ -269,7 +269,9 @@ impl Connection {
 /// Every key matching a pattern, streamed with `SCAN … MATCH … COUNT`: a
 /// rebuild over ten million keys holds one page of keys at a time. A pass
 /// across a restart of Redis fails (its `INFO` run id changed: the cursor
-/// meant nothing to the new process). So does a pass on a replica, which
+/// meant nothing to the new process), and so does one across a failover
+/// behind an address that moves the connection, and back (its replication
+/// id changed). So does a pass on a replica, which
 /// may lack writes its master took for longer than any write settle, and
 /// one on a single node of a Redis Cluster reached as a plain Redis (its
 /// `SCAN` lists that node's slots only: use [`RedisSource::cluster`]; a
@@ -410,9 +412,10 @@ impl RedisSource {
     /// Keys matching `pattern` in every master of a Redis Cluster: one
     /// `SCAN` cursor per master, routed to it by address (a cluster
     /// connection does not fan `SCAN` out by itself). A master that fails,
-    /// restarts or migrates a slot, or a topology that changes, during the
-    /// pass fails the pass (the rebuild is retried, the old filter
-    /// serving), never a silent partial rebuild.
+    /// restarts, migrates a slot or takes keys in by `MIGRATE` (keys moved
+    /// out and back by a resharding put right count too), or a topology
+    /// that changes, during the pass fails the pass (the rebuild is retried,
+    /// the old filter serving), never a silent partial rebuild.
     pub fn cluster(client: ClusterClient, pattern: impl Into<String>) -> Self {
         Self::over(
             Connection::cluster(client, Self::DEFAULT_TIMEOUT),
@@ -461,9 +464,11 @@ impl RedisSource {
         }
     }
 
-    /// The process serving `node` now, by its run id (and on a cluster its
-    /// own config epoch and slots): a restart (or a failover to a replica)
-    /// gives another, under which a `SCAN` cursor of the old process means
+    /// The process serving `node` now, by its run id and replication id
+    /// (and on a cluster its own config epoch and slots, and how many keys
+    /// it has taken in by `MIGRATE`): a restart, or a failover to a replica
+    /// (and back, behind an address that moves a connection), gives
+    /// another, under which a `SCAN` cursor of the old process means
     /// nothing, and the keys after it may be skipped.
     /// A replica fails the pass: it may not hold a write its master took,
     /// for longer than any write settle. So does one node of a cluster
@@ -491,13 +496,7 @@ impl RedisSource {
         // refusal (`NOPERM`, a command the server lacks) goes without; any
         // other error fails the pass.
         let info = match self.query_on::<Value>(live, node, &info).await {
-            Ok(Value::BulkString(bytes)) => Some(String::from_utf8_lossy(&bytes).into_owned()),
-            Ok(Value::VerbatimString { text, .. } | Value::SimpleString(text)) => Some(text),
-            Ok(other) => {
-                return Err(not_trusted(format!(
-                    "INFO answered {other:?}, not text: the pass cannot tell a restart"
-                )));
-            }
+            Ok(reply) => Some(info_text(reply)?),
             Err(error) if refused(&error) => {
                 tracing::debug!(%error, "INFO refused: on a cluster, a master restarted during the pass goes unnoticed");
                 None
@@ -524,7 +523,17 @@ impl RedisSource {
                  point the RedisSource at the master"
             }));
         }
-        let mut process = field("run_id").unwrap_or_default().to_owned();
+        // Each promotion makes a new replication id: a failover and a
+        // failback leave the run id as it was.
+        let mut process = format!(
+            "{} {}",
+            field("run_id").unwrap_or_default(),
+            field("master_replid").unwrap_or_default()
+        );
+        if node.is_some() && info.is_some() {
+            process.push(' ');
+            process.push_str(&self.keys_taken_in(live, node).await?);
+        }
         let mut nodes = redis::cmd("CLUSTER");
         nodes.arg("NODES");
         let nodes: Option<String> = if node.is_some() || field("redis_mode") == Some("cluster") {
@@ -579,6 +588,27 @@ impl RedisSource {
             }
         }
         Ok((process, None))
+    }
+
+    /// How many times the node took keys in from another by `MIGRATE`
+    /// (`RESTORE-ASKING` calls): keys moved out of a master not scanned yet
+    /// into one scanned already, and back once the first was scanned (an
+    /// interrupted resharding put right), leave no slot moved and no
+    /// migration open by the end of a pass, but count here on both.
+    async fn keys_taken_in(
+        &self,
+        live: &Live,
+        node: Option<&MasterNode>,
+    ) -> Result<String, RedisError> {
+        let mut stats = redis::cmd("INFO");
+        stats.arg("commandstats");
+        let stats = info_text(self.query_on(live, node, &stats).await?)?;
+        Ok(stats
+            .lines()
+            .find_map(|line| line.strip_prefix("cmdstat_restore-asking:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .unwrap_or("0")
+            .to_owned())
     }
 
     /// The node's role by `ROLE` (`master`, `slave`), if it may be asked.
@@ -736,6 +766,19 @@ impl RedisSource {
 
 /// An error where Redis answered, but not so that the answer can be
 /// trusted: a pass that may have skipped keys, a short `MGET` reply.
+/// An `INFO` reply as text: a bulk string (lossy: it can hold text that is
+/// not UTF-8, an error code a script made up, in its error stats), or a
+/// verbatim string over RESP3.
+fn info_text(reply: Value) -> Result<String, RedisError> {
+    match reply {
+        Value::BulkString(bytes) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+        Value::VerbatimString { text, .. } | Value::SimpleString(text) => Ok(text),
+        other => Err(not_trusted(format!(
+            "INFO answered {other:?}, not text: the pass cannot tell a restart"
+        ))),
+    }
+}
+
 fn not_trusted(why: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> RedisError {
     RedisError::from(std::io::Error::other(why))
 }

@@ -276,15 +276,19 @@ impl Connection {
 /// one on a single node of a Redis Cluster reached as a plain Redis (its
 /// `SCAN` lists that node's slots only: use [`RedisSource::cluster`]; a
 /// cluster of one master serving every slot is read whole).
-/// Where `INFO` is denied, `ROLE` and `CLUSTER NODES` are asked instead;
-/// where those are denied too, a replica or a cluster node is not noticed.
+/// Where `INFO` is denied (or answers without a run id, as some proxies
+/// do: read "denied" below for that too), `ROLE` and `CLUSTER NODES` are
+/// asked instead; where those are denied too, a replica or a cluster node
+/// is not noticed.
 /// On a plain Redis each pass runs on a connection of its own that does not
 /// reconnect, so a restart that drops it fails the pass without `INFO` too
 /// (one behind a TCP proxy or a virtual address, which keeps the client's
 /// connection open, goes unnoticed without `INFO`); a cluster's
 /// connection reconnects on its own, and without `INFO` a master restarted
-/// during a pass is not noticed. The user needs `SCAN` and `INFO` (and
-/// `CLUSTER NODES` and `CLUSTER SLOTS` on a cluster).
+/// during a pass is not noticed: a false negative for the keys its cursor
+/// skipped, until the next rebuild. Allow `INFO` (with its `commandstats`
+/// section, on a cluster) where a guard's one rule matters. The user needs
+/// `SCAN` and `INFO` (and `CLUSTER NODES` and `CLUSTER SLOTS` on a cluster).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -1722,15 +1722,21 @@ async fn a_write_landing_after_the_settle_reaches_a_member_rebuilding_meanwhile(
             }
         })
     };
+    let landed_during_a_rebuild = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut writes = Vec::new();
     for i in 0..20 {
         let (fleet, ledger, client) = (a.fleet.clone(), ledger.clone(), server.client());
+        let (b, landed_during_a_rebuild) =
+            (b.guard().clone(), Arc::clone(&landed_during_a_rebuild));
         writes.push(tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(i * 40)).await;
             let key = format!("{i}");
             let write = async {
                 // The store write lands 400 ms after the insert.
                 tokio::time::sleep(Duration::from_millis(400)).await;
+                if b.stats().rebuilding {
+                    landed_during_a_rebuild.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 let mut connection = client.get_multiplexed_async_connection().await.unwrap();
                 let () = redis::cmd("SET")
                     .arg(format!("item:{key}"))
@@ -1747,6 +1753,10 @@ async fn a_write_landing_after_the_settle_reaches_a_member_rebuilding_meanwhile(
         write.await.unwrap();
     }
     rebuilding.await.unwrap();
+    assert!(
+        landed_during_a_rebuild.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "no write landed while b rebuilt: the scenario did not happen"
+    );
     b.guard().rebuild().await.unwrap();
     audit.finish().await;
 }

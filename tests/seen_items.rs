@@ -231,6 +231,54 @@ fn the_gate_runs_against_real_redis() {
     std::fs::remove_file(chart).unwrap();
 }
 
+/// Redis refusing writes mid-run (out of memory under `noeviction`) while
+/// it still answers reads: the writer stopped with the error, the workers
+/// blocked on a full queue it no longer drained, and the run never ended.
+/// It ends now, with the store's error.
+#[test]
+fn a_store_that_refuses_writes_ends_the_run_with_its_error() {
+    let server = RedisServer::start();
+    let chart = chart_path("refused-writes");
+    let url = server.url();
+    let mut args = small_run(&chart, &["--redis-url", &url]);
+    args.duration = std::time::Duration::from_secs(30);
+    let (ended, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _ = ended.send(
+            runtime
+                .block_on(seen_items::run(args))
+                .err()
+                .map(|error| error.to_string()),
+        );
+    });
+    let mut connection = server.client().get_connection().unwrap();
+    // Once the guarded phase writes, past the 100,000 pairs of history
+    // (a `SET` each).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while server.command_calls("set") < 110_000 {
+        assert!(std::time::Instant::now() < deadline, "the run never wrote");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .arg("maxmemory")
+        .arg("1")
+        .query(&mut connection)
+        .unwrap();
+    let error = outcome
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the run ended after its store refused writes")
+        .expect("the run failed");
+    assert!(error.to_lowercase().contains("oom"), "{error}");
+    let _ = std::fs::remove_file(chart);
+}
+
 #[cfg(feature = "postgres")]
 #[test]
 fn the_gate_runs_against_real_postgres() {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bloomguard::{Guard, GuardStats, GuardedLoader, Loader, Verify};
+use bloomguard::{Guard, GuardStats, GuardedLoader, Loader, Verdict, Verify};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::mpsc;
 
@@ -212,6 +212,9 @@ pub(crate) async fn run(
     let writers: Vec<_> = (0..fleets.len().max(1))
         .map(|member| tokio::spawn(write_seen(Arc::clone(&run), member, Arc::clone(&to_write))))
         .collect();
+    // The writers hold the queue: once every one has stopped (a failed
+    // store write), the workers' sends fail rather than wait for room.
+    drop(to_write);
     let workers: Vec<_> = (0..pacing.concurrency)
         .map(|id| tokio::spawn(worker(Arc::clone(&run), id, seed, seen.clone())))
         .collect();
@@ -219,7 +222,17 @@ pub(crate) async fn run(
     let observing = tokio::spawn(observe(Arc::clone(&run)));
     let mut latencies = Vec::new();
     for worker in workers {
-        latencies.extend(worker.await.map_err(|error| error.to_string())??);
+        match worker.await.map_err(|error| error.to_string())? {
+            Ok(answered) => latencies.extend(answered),
+            // The writers' own error says why they stopped.
+            Err(error) if error == WRITER_STOPPED => {
+                for writer in writers {
+                    writer.await.map_err(|error| error.to_string())??;
+                }
+                return Err(error);
+            }
+            Err(error) => return Err(error),
+        }
     }
     let elapsed = started.elapsed();
     for writer in writers {
@@ -308,16 +321,22 @@ async fn sweep(run: &Run) -> Result<u64, String> {
             ));
         }
         swept += held.len() as u64;
-        for &(pair, until) in &held {
-            let key = seen_key(pair);
-            // The time after the check: held then, so held during it.
-            if gate.guard().check(&key).is_absent()
-                && until.is_none_or(|until| Instant::now() + EXPIRY_SKEW < until)
-            {
-                return Err(format!(
-                    "false negative: instance {instance}'s guard answers {key} absent, \
-                     which the store holds"
-                ));
+        // Both ways of asking: one key at a time, and in the batches the
+        // requests ask in.
+        let mut batched = [Verdict::Warming; 64];
+        for group in held.chunks(batched.len()) {
+            let keys: Vec<String> = group.iter().map(|&(pair, _)| seen_key(pair)).collect();
+            gate.guard().check_many(&keys, &mut batched[..keys.len()]);
+            for ((key, &(_, until)), answer) in keys.iter().zip(group).zip(batched) {
+                // The time after the check: held then, so held during it.
+                if (answer.is_absent() || gate.guard().check(key).is_absent())
+                    && until.is_none_or(|until| Instant::now() + EXPIRY_SKEW < until)
+                {
+                    return Err(format!(
+                        "false negative: instance {instance}'s guard answers {key} absent, \
+                         which the store holds"
+                    ));
+                }
             }
         }
     }
@@ -326,6 +345,9 @@ async fn sweep(run: &Run) -> Result<u64, String> {
 
 /// How long the sweep waits for a fenced fleet member to catch up.
 const SWEEP_CATCH_UP: Duration = Duration::from_secs(30);
+
+/// A worker's error once no writer takes seen items any more.
+const WRITER_STOPPED: &str = "the writer of seen items stopped";
 
 /// Issues requests until the deadline; returns their latencies.
 async fn worker(
@@ -440,7 +462,7 @@ async fn worker(
             .map(|i| pairs[i])
             .collect();
         if !shown.is_empty() && seen.send(shown).await.is_err() {
-            return Err("the writer of seen items stopped".into());
+            return Err(WRITER_STOPPED.into());
         }
     }
     Ok(latencies)

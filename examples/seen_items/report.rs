@@ -86,8 +86,14 @@ impl Outcome {
             Some(rate) if p.guarded => format!("{:.3} %", 100.0 * rate),
             _ => "-".into(),
         };
+        // Under `--verify none` no "maybe" was looked up: the rate is the
+        // filters' estimate, and says so.
+        let fpr_label = match self.verify {
+            Verify::None => "estimated FPR, nothing verified",
+            _ => "observed FPR",
+        };
         row(
-            &format!("observed FPR (target {:.2} %)", 100.0 * self.target_fpr),
+            &format!("{fpr_label} (target {:.2} %)", 100.0 * self.target_fpr),
             &|p| guarded_only(p, p.guard_fpr),
         );
         row("unseen items hidden, audited", &|p| {

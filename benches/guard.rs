@@ -210,7 +210,9 @@ fn main() {
         for i in 0..present.len() {
             guard.insert(present.get(i));
             rotating.insert(present.get(i));
-            if (i + 1) % (n / 3) == 0 && i + 1 < n {
+            // Two rotations: a third would drop the first generation and
+            // open an empty one (n / 3 · 3 < n).
+            if i + 1 == n / 3 || i + 1 == 2 * (n / 3) {
                 rotating.rotate().unwrap();
             }
         }

@@ -10,6 +10,11 @@
 Every timed iteration of that bench handles a fixed number of keys (criterion's
 "throughput"), so ns/key is the mean time divided by that count; the thread
 benches report aggregate millions of queries per second.
+
+criterion keeps every result it ever wrote under target/criterion: a size
+measured by an earlier run (another BLOOMGUARD_BENCH_SIZES) shows as a column
+of its own. Clear the bench's groups first (`rm -rf target/criterion/paths*`)
+for a table of one run.
 """
 
 import json
@@ -119,7 +124,8 @@ def main():
         return
     single, threads = {}, {}
     for group, function, mean_ns, keys in estimates():
-        if group.startswith(("guard/", "paths/", "memory/")):
+        # `benches/filters.rs` only: `n=…` and `threads/n=…`.
+        if not group.startswith(("n=", "threads/n=")):
             continue
         if group.startswith("threads/"):
             count, contender = function.split("/", 1)

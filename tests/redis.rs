@@ -891,6 +891,43 @@ mod cluster {
             .unwrap();
     }
 
+    /// The masters' ids and ports, in the order a pass reads them (by id).
+    fn masters_in_pass_order(cluster: &RedisCluster) -> Vec<(String, u16)> {
+        let mut masters: Vec<(String, u16)> = cluster
+            .masters()
+            .into_iter()
+            .map(|port| {
+                let id = redis::cmd("CLUSTER").arg("MYID").query(&mut node(port));
+                (id.unwrap(), port)
+            })
+            .collect();
+        masters.sort();
+        masters
+    }
+
+    /// Writes `count` keys `item:{tag}:i` into one slot of the master on
+    /// `port`; returns the tag and the slot.
+    fn keys_in_one_slot(cluster: &RedisCluster, port: u16, count: u64) -> (String, u16) {
+        let tag = (0..)
+            .map(|i| format!("moved{i}"))
+            .find(|tag| cluster.master_of(&format!("item:{{{tag}}}")) == port)
+            .unwrap();
+        let mut writes = node(port);
+        for i in 0..count {
+            let () = redis::cmd("SET")
+                .arg(format!("item:{{{tag}}}:{i}"))
+                .arg("x")
+                .query(&mut writes)
+                .unwrap();
+        }
+        let slot = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&tag)
+            .query(&mut writes)
+            .unwrap();
+        (tag, slot)
+    }
+
     /// A slot migrating between two masters while a pass runs: `MIGRATE`
     /// can move keys from a master not yet scanned to one already scanned,
     /// and the topology stays the same until the slot changes owner. Such a
@@ -945,36 +982,11 @@ mod cluster {
         const MOVED: u64 = 2_000;
         let cluster = RedisCluster::start();
         populate(&cluster).await;
-        // A pass reads the masters in the order of their ids.
-        let mut masters: Vec<(String, u16)> = cluster
-            .masters()
-            .into_iter()
-            .map(|port| {
-                let id = redis::cmd("CLUSTER").arg("MYID").query(&mut node(port));
-                (id.unwrap(), port)
-            })
-            .collect();
-        masters.sort();
+        let masters = masters_in_pass_order(&cluster);
         let ((to_id, to), (from_id, from)) = (masters[0].clone(), masters[2].clone());
         // Keys enough in one slot of the last master that some land behind
         // the first one's cursor.
-        let tag = (0..)
-            .map(|i| format!("moved{i}"))
-            .find(|tag| cluster.master_of(&format!("item:{{{tag}}}")) == from)
-            .unwrap();
-        let mut writes = node(from);
-        for i in 0..MOVED {
-            let () = redis::cmd("SET")
-                .arg(format!("item:{{{tag}}}:{i}"))
-                .arg("x")
-                .query(&mut writes)
-                .unwrap();
-        }
-        let slot: u16 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(&tag)
-            .query(&mut writes)
-            .unwrap();
+        let (_, slot) = keys_in_one_slot(&cluster, from, MOVED);
         let move_slot = move || -> Act {
             let (to_id, from_id) = (to_id.clone(), from_id.clone());
             Box::pin(async move {
@@ -1067,35 +1079,10 @@ mod cluster {
         const MOVED: u64 = 2_000;
         let cluster = RedisCluster::start();
         populate(&cluster).await;
-        // A pass reads the masters in the order of their ids.
-        let mut masters: Vec<(String, u16)> = cluster
-            .masters()
-            .into_iter()
-            .map(|port| {
-                let id = redis::cmd("CLUSTER").arg("MYID").query(&mut node(port));
-                (id.unwrap(), port)
-            })
-            .collect();
-        masters.sort();
+        let masters = masters_in_pass_order(&cluster);
         let ((first_id, first), (last_id, last)) = (masters[0].clone(), masters[2].clone());
         let (first_keys, last_keys) = (keys_on(first), keys_on(last));
-        let tag = (0..)
-            .map(|i| format!("moved{i}"))
-            .find(|tag| cluster.master_of(&format!("item:{{{tag}}}")) == last)
-            .unwrap();
-        let mut writes = node(last);
-        for i in 0..MOVED {
-            let () = redis::cmd("SET")
-                .arg(format!("item:{{{tag}}}:{i}"))
-                .arg("x")
-                .query(&mut writes)
-                .unwrap();
-        }
-        let slot: u16 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(&tag)
-            .query(&mut writes)
-            .unwrap();
+        let (tag, slot) = keys_in_one_slot(&cluster, last, MOVED);
         // `MIGRATE` of the slot's keys from `from` to the node on `to`.
         let migrate = move |from: &mut redis::Connection, to: u16| {
             let keys: Vec<String> = redis::cmd("CLUSTER")

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use bloomguard::AtomicBloom;
-use common::{CHUNK, KeySet, bench_sizes, label, slowest_of, thread_counts};
+use common::{CHUNK, KeySet, bench_sizes, label, thread_counts, wall_time_of};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -417,7 +417,7 @@ fn bench_threads<C: Contender>(
     group.bench_function(format!("{threads}T/{name}"), |b| {
         b.iter_custom(|iters| {
             let span = workload.present.len().min(workload.absent.len()) / threads;
-            slowest_of(
+            wall_time_of(
                 threads,
                 |t| t,
                 |t| {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use bloomguard::{AtomicBloom, Guard, Lifecycle};
 use common::{
     BLOCK, CHUNK, KeySet, Path, ROUNDS, bench_chunks, bench_sizes, guard_batches, interleaved,
-    label, one_by_one, raw_batches, slowest_of, thread_counts,
+    label, one_by_one, raw_batches, thread_counts, wall_time_of,
 };
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 use xxhash_rust::xxh3::xxh3_64;
@@ -176,7 +176,7 @@ fn bench_inserts<T: Sync>(
                 elapsed += if threads == 1 {
                     run(stretch(0))
                 } else {
-                    slowest_of(threads, stretch, run)
+                    wall_time_of(threads, stretch, run)
                 };
                 inserted += take;
                 left -= take;

@@ -112,7 +112,7 @@ pub(crate) fn bench_sizes(default: &str) -> Vec<usize> {
 }
 
 /// `threads` threads each make a worker and run it on 64-item chunks of
-/// their own stretch of `items`; the iteration's time is the slowest thread's.
+/// their own stretch of `items`; the iteration's time is their wall time.
 /// Each sample goes on where the one before it stopped: restarted at the
 /// first item, a sample on a filter past the cache would re-walk keys whose
 /// lines the last one left in it.
@@ -138,7 +138,7 @@ pub(crate) fn bench_chunks<T, M, W>(
                 return run_stretch(items, from, iters, make_worker());
             }
             let span = items.len() / threads;
-            slowest_of(
+            wall_time_of(
                 threads,
                 |t| (make_worker(), &items[t * span..][..span]),
                 |(worker, stretch)| run_stretch(stretch, from, iters, worker),
@@ -148,11 +148,14 @@ pub(crate) fn bench_chunks<T, M, W>(
 }
 
 /// Runs `threads` threads that each `prepare` (untimed), wait for the others,
-/// then `run` what they prepared; returns the slowest thread's time.
-pub(crate) fn slowest_of<P>(
+/// then `run` what they prepared; returns the wall time from the first
+/// thread's start to the last one's end. (The slowest thread's own time
+/// would leave out a thread that started late, after another had run: work
+/// done one after another would count as done at once.)
+pub(crate) fn wall_time_of<P, R>(
     threads: usize,
     prepare: impl Fn(usize) -> P + Sync,
-    run: impl Fn(P) -> Duration + Sync,
+    run: impl Fn(P) -> R + Sync,
 ) -> Duration {
     let barrier = std::sync::Barrier::new(threads);
     std::thread::scope(|s| {
@@ -162,15 +165,17 @@ pub(crate) fn slowest_of<P>(
                 s.spawn(move || {
                     let prepared = prepare(t);
                     barrier.wait();
-                    run(prepared)
+                    let start = Instant::now();
+                    black_box(run(prepared));
+                    (start, Instant::now())
                 })
             })
             .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().unwrap())
-            .max()
-            .unwrap()
+        let spans: Vec<(Instant, Instant)> =
+            workers.into_iter().map(|w| w.join().unwrap()).collect();
+        let first_start = spans.iter().map(|&(start, _)| start).min().unwrap();
+        let last_end = spans.iter().map(|&(_, end)| end).max().unwrap();
+        last_end - first_start
     })
 }
 

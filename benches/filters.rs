@@ -414,14 +414,19 @@ fn bench_threads<C: Contender>(
     threads: usize,
 ) {
     group.throughput(Throughput::Elements((CHUNK * threads) as u64));
+    // Chunks run so far in each thread's stretch: a sample goes on where
+    // the last stopped, as in `common::bench_chunks`.
+    let mut done = 0usize;
     group.bench_function(format!("{threads}T/{name}"), |b| {
         b.iter_custom(|iters| {
             let span = workload.present.len().min(workload.absent.len()) / threads;
+            let from = done % (span / CHUNK).max(1) * CHUNK;
+            done += iters as usize;
             wall_time_of(
                 threads,
                 |t| t,
                 |t| {
-                    let mut next = t * span;
+                    let mut next = t * span + from;
                     let start = Instant::now();
                     for round in 0..iters as usize {
                         let keys = if round % 2 == 0 {

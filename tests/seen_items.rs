@@ -263,10 +263,10 @@ fn a_store_that_refuses_writes_ends_the_run_with_its_error() {
         assert!(std::time::Instant::now() < deadline, "the run never wrote");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    // Under the default policy, `noeviction` (one parameter a `CONFIG SET`
+    // before Redis 7).
     let () = redis::cmd("CONFIG")
         .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("noeviction")
         .arg("maxmemory")
         .arg("1")
         .query(&mut connection)

@@ -528,13 +528,18 @@ impl RedisSource {
             }));
         }
         // Each promotion makes a new replication id: a failover and a
-        // failback leave the run id as it was.
+        // failback leave the run id as it was. It also changes, once, when
+        // a master without replicas frees its backlog (`repl-backlog-ttl`)
+        // or takes its first replica, as the `MIGRATE` count does at a
+        // `CONFIG RESETSTAT`: one pass fails, and the retry reads whole.
         let mut process = format!(
             "{} {}",
             field("run_id").unwrap_or_default(),
             field("master_replid").unwrap_or_default()
         );
-        if node.is_some() && info.is_some() {
+        // A cluster of one master read as a plain Redis too: keys can move
+        // to a node added meanwhile, and back.
+        if info.is_some() && (node.is_some() || field("redis_mode") == Some("cluster")) {
             process.push(' ');
             process.push_str(&self.keys_taken_in(live, node).await?);
         }
@@ -606,7 +611,18 @@ impl RedisSource {
     ) -> Result<String, RedisError> {
         let mut stats = redis::cmd("INFO");
         stats.arg("commandstats");
-        let stats = info_text(self.query_on(live, node, &stats).await?)?;
+        let stats = match self.query_on(live, node, &stats).await {
+            Ok(reply) => info_text(reply)?,
+            // Where `INFO` answers but this section is refused (a proxy's
+            // rule), the pass cannot see keys moved in and out: it fails.
+            Err(error) if refused(&error) => {
+                return Err(not_trusted(format!(
+                    "INFO commandstats was refused ({error}) where INFO was not: the pass \
+                     cannot tell keys moved by MIGRATE during it; allow it"
+                )));
+            }
+            Err(error) => return Err(error),
+        };
         Ok(stats
             .lines()
             .find_map(|line| line.strip_prefix("cmdstat_restore-asking:calls="))
@@ -768,8 +784,6 @@ impl RedisSource {
     }
 }
 
-/// An error where Redis answered, but not so that the answer can be
-/// trusted: a pass that may have skipped keys, a short `MGET` reply.
 /// An `INFO` reply as text: a bulk string (lossy: it can hold text that is
 /// not UTF-8, an error code a script made up, in its error stats), or a
 /// verbatim string over RESP3.
@@ -783,6 +797,8 @@ fn info_text(reply: Value) -> Result<String, RedisError> {
     }
 }
 
+/// An error where Redis answered, but not so that the answer can be
+/// trusted: a pass that may have skipped keys, a short `MGET` reply.
 fn not_trusted(why: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> RedisError {
     RedisError::from(std::io::Error::other(why))
 }
@@ -1053,9 +1069,10 @@ impl KeySource for RedisSource {
                     }
                     if self.serving_processes(&pass.live, &pass.nodes).await? != pass.processes {
                         return Err(not_trusted(
-                            "Redis restarted during the pass (another run id), or a master's \
-                             slots changed: its cursor may have skipped keys; the rebuild is \
-                             retried",
+                            "a node changed during the pass: Redis restarted (another run id), \
+                             failed over (another replication id), took keys in by MIGRATE, or \
+                             a master's slots changed; its cursor may have skipped keys, and \
+                             the rebuild is retried",
                         ));
                     }
                 }

@@ -184,6 +184,16 @@ fn manifest(connection: &mut redis::Connection, fleet: &str) -> String {
         .unwrap()
 }
 
+/// Where `fleet`'s lease of `member` ends, as Redis holds it (`None`: it
+/// holds none).
+fn lease_end(connection: &mut redis::Connection, fleet: &str, member: &str) -> Option<f64> {
+    redis::cmd("ZSCORE")
+        .arg(format!("{{{fleet}}}:leases"))
+        .arg(member)
+        .query(connection)
+        .unwrap()
+}
+
 /// How many entries the fleet's stream holds.
 fn stream_length(connection: &mut redis::Connection, fleet: &str) -> u64 {
     redis::cmd("XLEN")
@@ -913,11 +923,7 @@ async fn a_met_need_is_not_carried_to_a_restart_every_member_lived_through_fence
     // Both members renewed meanwhile (a renewal is where the mark came
     // back), however slow the machine.
     let lease_of = |connection: &mut redis::Connection, member: &Member| {
-        redis::cmd("ZSCORE")
-            .arg("{met}:leases")
-            .arg(member.fleet.member())
-            .query::<Option<f64>>(connection)
-            .unwrap()
+        lease_end(connection, "met", member.fleet.member())
     };
     let leases_before = [lease_of(&mut connection, &a), lease_of(&mut connection, &b)];
     tokio::time::sleep(LEASE * 4).await;
@@ -1604,12 +1610,7 @@ async fn a_join_dropped_after_its_renewal_ran_catches_up_when_retried() {
     }
     let mut connection = server.client().get_connection().unwrap();
     wait_until("b's renewal to run", || {
-        redis::cmd("ZSCORE")
-            .arg("{redo}:leases")
-            .arg(b.member())
-            .query::<Option<f64>>(&mut connection)
-            .unwrap()
-            .is_some()
+        lease_end(&mut connection, "redo", b.member()).is_some()
     })
     .await;
     // The retried join's reader stops before its first read of the stream.
@@ -2521,6 +2522,22 @@ async fn one_member_rebuilds_for_all_and_the_fleet_forgets_deleted_keys_together
     }
 }
 
+/// A `GuardedLoader`'s backend over the ledger's store, counting its calls
+/// in `asked`.
+fn ledger_backend(
+    ledger: &Ledger,
+    asked: &Arc<std::sync::atomic::AtomicU64>,
+) -> impl Fn(String) -> std::future::Ready<Result<Option<()>, std::convert::Infallible>>
++ Send
++ Sync
++ 'static {
+    let (store, asked) = (Arc::clone(&ledger.store), Arc::clone(asked));
+    move |key| {
+        asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        std::future::ready(Ok(store.lock().unwrap().contains(&key).then_some(())))
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_member_trusts_neither_its_maybe_nor_its_cached_absent_answers() {
     use axum::body::Body;
@@ -2538,15 +2555,7 @@ async fn a_fenced_member_trusts_neither_its_maybe_nor_its_cached_absent_answers(
     } = behind_a_proxy("cache", |builder| builder).await;
     let ledger = Ledger::default();
     let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let backend = {
-        let (store, asked) = (Arc::clone(&ledger.store), Arc::clone(&asked));
-        move |key: String| {
-            asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let found = store.lock().unwrap().contains(&key).then_some(());
-            async move { Ok::<_, std::convert::Infallible>(found) }
-        }
-    };
-    let loader = GuardedLoader::new(b.guard().clone(), backend)
+    let loader = GuardedLoader::new(b.guard().clone(), ledger_backend(&ledger, &asked))
         .verify(Verify::None)
         .unwrap()
         .confirmed_absent_cache(1_000, Duration::from_secs(600))
@@ -2602,14 +2611,8 @@ async fn a_slow_write_dropped_unfinished_still_clears_the_other_members_cached_a
     let a = join(guard("a"), server.client(), "dropped").await;
     let b = join(guard("b"), server.client(), "dropped").await;
     let ledger = Ledger::default();
-    let backend = {
-        let store = Arc::clone(&ledger.store);
-        move |key: String| {
-            let found = store.lock().unwrap().contains(&key).then_some(());
-            async move { Ok::<_, std::convert::Infallible>(found) }
-        }
-    };
-    let loader = GuardedLoader::new(b.guard().clone(), backend)
+    let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let loader = GuardedLoader::new(b.guard().clone(), ledger_backend(&ledger, &asked))
         .verify(Verify::All)
         .unwrap()
         .confirmed_absent_cache(1_000, Duration::from_secs(600))

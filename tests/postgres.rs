@@ -365,11 +365,7 @@ async fn an_int_key_column_fails_the_pass_saying_so() {
 async fn a_key_column_under_a_collation_the_check_cannot_find_fails_the_pass() {
     let server = PostgresServer::start();
     // One connection: the temporary collation and table are its own.
-    let one_connection = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&server.url())
-        .await
-        .unwrap();
+    let one_connection = server.one_connection_pool().await;
     execute(
         &one_connection,
         &[
@@ -406,11 +402,7 @@ async fn a_pass_across_a_change_of_the_key_columns_collation_fails() {
     .await;
     // One connection for every pass: the one that prepared the page
     // queries before the migration runs them after it.
-    let one_connection = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&server.url())
-        .await
-        .unwrap();
+    let one_connection = server.one_connection_pool().await;
     let source = PgSource::new(one_connection.clone(), "tags", "name").page(2);
     let mut pass = source.scan();
     let mut read = pass.next().await.unwrap().unwrap();

@@ -539,13 +539,14 @@ impl RedisSource {
         );
         // A cluster of one master read as a plain Redis too: keys can move
         // to a node added meanwhile, and back.
-        if info.is_some() && (node.is_some() || field("redis_mode") == Some("cluster")) {
+        let clustered = node.is_some() || field("redis_mode") == Some("cluster");
+        if info.is_some() && clustered {
             process.push(' ');
             process.push_str(&self.keys_taken_in(live, node).await?);
         }
         let mut nodes = redis::cmd("CLUSTER");
         nodes.arg("NODES");
-        let nodes: Option<String> = if node.is_some() || field("redis_mode") == Some("cluster") {
+        let nodes: Option<String> = if clustered {
             Some(self.query_on(live, node, &nodes).await?)
         } else if info.is_none() {
             // Refused on a plain Redis ("cluster support disabled"), or

@@ -115,6 +115,17 @@ impl PostgresServer {
             .await
             .unwrap()
     }
+
+    /// A pool of one connection: every statement a test makes after another
+    /// runs in the same session (its temporary objects, its prepared
+    /// statements).
+    pub(crate) async fn one_connection_pool(&self) -> sqlx::PgPool {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&self.url())
+            .await
+            .unwrap()
+    }
 }
 
 impl Drop for PostgresServer {

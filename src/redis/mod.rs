@@ -283,12 +283,12 @@ impl Connection {
 /// On a plain Redis each pass runs on a connection of its own that does not
 /// reconnect, so a restart that drops it fails the pass without `INFO` too
 /// (one behind a TCP proxy or a virtual address, which keeps the client's
-/// connection open, goes unnoticed without `INFO`); a cluster's
-/// connection reconnects on its own, and without `INFO` a master restarted
-/// during a pass is not noticed: a false negative for the keys its cursor
-/// skipped, until the next rebuild. Allow `INFO` (with its `commandstats`
-/// section, on a cluster) where a guard's one rule matters. The user needs
-/// `SCAN` and `INFO` (and `CLUSTER NODES` and `CLUSTER SLOTS` on a cluster).
+/// connection open, goes unnoticed without `INFO`). A cluster's connection
+/// reconnects on its own, so nothing but `INFO` shows a master restarted
+/// during a pass: [`RedisSource::cluster`] fails every pass where a master
+/// refuses `INFO` or its `commandstats` section (the guard stays warming,
+/// every key "maybe"). The user needs `SCAN` and `INFO` (and
+/// `CLUSTER NODES` and `CLUSTER SLOTS` on a cluster).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -419,7 +419,9 @@ impl RedisSource {
     /// restarts, migrates a slot or takes keys in by `MIGRATE` (keys moved
     /// out and back by a resharding put right count too), or a topology
     /// that changes, during the pass fails the pass (the rebuild is retried,
-    /// the old filter serving), never a silent partial rebuild.
+    /// the old filter serving), never a silent partial rebuild. A restart
+    /// shows only in `INFO`: where a master refuses it (an ACL without
+    /// `+info`), or its `commandstats` section, every pass fails, naming it.
     pub fn cluster(client: ClusterClient, pattern: impl Into<String>) -> Self {
         Self::over(
             Connection::cluster(client, Self::DEFAULT_TIMEOUT),
@@ -462,7 +464,9 @@ impl RedisSource {
                 });
                 let reply =
                     within(timeout, cluster.route_command(command.clone(), routing)).await?;
-                Ok(redis::from_redis_value(reply)?)
+                // A routed command's error comes back as a value; as an
+                // error, as on a node, `refused` can read it.
+                Ok(redis::from_redis_value(reply.extract_error()?)?)
             }
             (mut live, _) => command.query_async(&mut live).await,
         }
@@ -490,10 +494,11 @@ impl RedisSource {
         // The default sections: `server` and `replication` among them (one
         // `INFO` may name only one section before Redis 7).
         let info = redis::cmd("INFO");
-        // Where INFO is denied (an ACL) or has no run id (a proxy), a restart
-        // goes unnoticed here (on a plain node the pass's own connection
-        // fails instead); `ROLE` and `CLUSTER NODES` are asked instead
-        // whether the node is a replica or one of a cluster.
+        // Where INFO is denied (an ACL) or has no run id (a proxy) on a
+        // plain node, a restart goes unnoticed here (the pass's own
+        // connection fails instead); `ROLE` and `CLUSTER NODES` are asked
+        // instead whether the node is a replica or one of a cluster. On a
+        // cluster the pass fails.
         // Read as a plain value: `INFO` can hold text that is not UTF-8 (an
         // error code a script made up, in its error stats), which must not
         // read as a refusal, and over RESP3 it is a verbatim string. Only a
@@ -501,8 +506,17 @@ impl RedisSource {
         // other error fails the pass.
         let info = match self.query_on::<Value>(live, node, &info).await {
             Ok(reply) => Some(info_text(reply)?),
+            // A cluster's connection reconnects on its own: without `INFO`
+            // nothing shows a master restarted during the pass (its id,
+            // epoch and slots stay), nor keys `MIGRATE` moved and back.
+            Err(error) if refused(&error) && node.is_some() => {
+                return Err(not_trusted(format!(
+                    "INFO was refused ({error}) on a master of the cluster: the pass cannot \
+                     tell a master restarted during it; allow INFO"
+                )));
+            }
             Err(error) if refused(&error) => {
-                tracing::debug!(%error, "INFO refused: on a cluster, a master restarted during the pass goes unnoticed");
+                tracing::debug!(%error, "INFO refused: a restart behind a proxy that keeps the connection goes unnoticed");
                 None
             }
             Err(error) => return Err(error),
@@ -532,6 +546,12 @@ impl RedisSource {
         // a master without replicas frees its backlog (`repl-backlog-ttl`)
         // or takes its first replica, as the `MIGRATE` count does at a
         // `CONFIG RESETSTAT`: one pass fails, and the retry reads whole.
+        if node.is_some() && field("run_id").is_none() {
+            return Err(not_trusted(
+                "INFO on a master of the cluster has no run_id: the pass cannot tell a master \
+                 restarted during it",
+            ));
+        }
         let mut process = format!(
             "{} {}",
             field("run_id").unwrap_or_default(),

@@ -11,6 +11,8 @@ pub(crate) struct RedisCluster {
     pub(crate) ports: Vec<u16>,
     nodes: Vec<Option<Child>>,
     dir: PathBuf,
+    /// The `redis-server` arguments every node started with, for a restart.
+    node_args: Vec<String>,
 }
 
 impl RedisCluster {
@@ -65,6 +67,7 @@ impl RedisCluster {
             ports,
             nodes: Vec::new(),
             dir,
+            node_args: node_args.iter().map(|&arg| arg.to_owned()).collect(),
         };
         // One by one into the cluster, whose drop kills those started
         // should a later one fail to start.
@@ -173,6 +176,29 @@ impl RedisCluster {
         }
     }
 
+    /// Restarts the node on `port` as the same node holding the same keys:
+    /// `SHUTDOWN SAVE` writes its keys to its own dump file, which the new
+    /// process loads, and its id, epoch and slots come back from its config
+    /// file. Waits until the cluster serves every slot again.
+    pub(crate) fn restart(&mut self, port: u16) {
+        let index = self.index_of(port);
+        // The node closes the connection without a reply.
+        let _ = query::<()>(port, redis::cmd("SHUTDOWN").arg("SAVE"));
+        let mut stopped = self.nodes[index].take().expect("a live node");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while stopped.try_wait().unwrap().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the node on {port} did not shut down"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let node_args: Vec<&str> = self.node_args.iter().map(String::as_str).collect();
+        self.nodes[index] = Some(spawn_node(port, &self.dir, &node_args));
+        self.wait_for(port, "the restarted node to answer", |_| true);
+        self.wait_until_served(port);
+    }
+
     /// The ports of `master`'s replicas.
     pub(crate) fn replicas_of(&self, master: u16) -> Vec<u16> {
         let nodes = self.nodes();
@@ -256,6 +282,7 @@ fn spawn_node(port: u16, dir: &std::path::Path, node_args: &[&str]) -> Child {
         .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
         .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
         .args(["--save", "", "--appendonly", "no"])
+        .args(["--dbfilename", &format!("dump-{port}.rdb")])
         .arg("--dir")
         .arg(dir)
         .args(node_args)

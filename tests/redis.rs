@@ -1200,8 +1200,8 @@ mod cluster {
                     super::without_info(port);
                 }
                 redis::cluster::ClusterClientBuilder::new(cluster.urls())
-                    .username("scanner".to_owned())
-                    .password("any".to_owned())
+                    .username("scanner")
+                    .password("any")
                     .build()
                     .unwrap()
             },

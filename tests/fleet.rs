@@ -2855,3 +2855,31 @@ async fn a_member_joining_again_after_a_loss_is_not_held_to_its_old_position() {
     };
     caught_up(&again).await;
 }
+
+/// A Redis that may evict any key (`allkeys-lru`) may evict a lease or the
+/// record: joining warns, over RESP2 and over RESP3, whose `CONFIG GET`
+/// answers a map (read as a list, it failed and the warning was lost).
+#[test]
+fn joining_a_redis_that_may_evict_any_key_warns_over_either_protocol() {
+    let server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    for protocol in ["2", "3"] {
+        let log = common::captured_log::CapturedLog::default();
+        tracing::subscriber::with_default(log.subscriber(), || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let url = format!("redis://127.0.0.1:{}/?protocol=resp{protocol}", server.port);
+                let client = redis::Client::open(url).unwrap();
+                let member = join(guard("a"), client, &format!("evicting{protocol}")).await;
+                member.handle.shutdown().await;
+            });
+        });
+        let log = log.text();
+        assert!(
+            log.contains("maxmemory-policy allkeys"),
+            "RESP{protocol}: {log}"
+        );
+    }
+}

@@ -185,6 +185,13 @@ pub(crate) fn refused(error: &RedisError) -> bool {
             .is_some_and(|detail| detail.to_ascii_lowercase().starts_with("unknown command"))
 }
 
+/// Whether `CLUSTER …` failed because the server is not one of a cluster.
+fn cluster_support_disabled(error: &RedisError) -> bool {
+    error
+        .detail()
+        .is_some_and(|detail| detail.contains("cluster support disabled"))
+}
+
 /// `call`, failed with a timeout error after `timeout` (the connection
 /// manager has its own; a cluster connection is given one here).
 async fn within<T>(
@@ -527,10 +534,12 @@ impl RedisSource {
                 .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
                 .map(str::trim)
         };
+        // An `INFO` without a run id (a proxy's, a compatible server's)
+        // reads as denied: what it leaves out is asked for instead.
+        let denied = field("run_id").is_none();
         let role = match field("role") {
             Some(role) => Some(role.to_owned()),
-            None if info.is_none() => self.role(live, node).await,
-            None => None,
+            None => self.role(live, node).await?,
         };
         if matches!(role.as_deref(), Some("slave" | "replica")) {
             return Err(not_trusted(if node.is_some() {
@@ -546,7 +555,7 @@ impl RedisSource {
         // a master without replicas frees its backlog (`repl-backlog-ttl`)
         // or takes its first replica, as the `MIGRATE` count does at a
         // `CONFIG RESETSTAT`: one pass fails, and the retry reads whole.
-        if node.is_some() && field("run_id").is_none() {
+        if node.is_some() && denied {
             return Err(not_trusted(
                 "INFO on a master of the cluster has no run_id: the pass cannot tell a master \
                  restarted during it",
@@ -568,10 +577,16 @@ impl RedisSource {
         nodes.arg("NODES");
         let nodes: Option<String> = if clustered {
             Some(self.query_on(live, node, &nodes).await?)
-        } else if info.is_none() {
+        } else if denied {
             // Refused on a plain Redis ("cluster support disabled"), or
-            // denied: either way nothing to check.
-            self.query_on(live, node, &nodes).await.ok()
+            // denied: either way nothing to check. Any other error (a
+            // timeout, `LOADING`) fails the pass: the node may be one of a
+            // cluster, whose `SCAN` lists its own slots only.
+            match self.query_on(live, node, &nodes).await {
+                Ok(nodes) => Some(nodes),
+                Err(error) if refused(&error) || cluster_support_disabled(&error) => None,
+                Err(error) => return Err(error),
+            }
         } else {
             None
         };
@@ -644,6 +659,14 @@ impl RedisSource {
             }
             Err(error) => return Err(error),
         };
+        // `INFO` itself ran on this node just before: a section without
+        // it was filtered (a proxy's), and could hide `RESTORE-ASKING` too.
+        if !stats.lines().any(|line| line.starts_with("cmdstat_info:")) {
+            return Err(not_trusted(
+                "INFO commandstats lists no INFO calls where INFO was just called: the \
+                 section is filtered, and the pass cannot tell keys moved by MIGRATE",
+            ));
+        }
         Ok(stats
             .lines()
             .find_map(|line| line.strip_prefix("cmdstat_restore-asking:calls="))
@@ -652,16 +675,31 @@ impl RedisSource {
             .to_owned())
     }
 
-    /// The node's role by `ROLE` (`master`, `slave`), if it may be asked.
-    async fn role(&self, live: &Live, node: Option<&MasterNode>) -> Option<String> {
-        let reply: redis::Value = self.query_on(live, node, &redis::cmd("ROLE")).await.ok()?;
-        match reply {
-            redis::Value::Array(fields) => match fields.first()? {
-                redis::Value::BulkString(role) => String::from_utf8(role.clone()).ok(),
-                redis::Value::SimpleString(role) => Some(role.clone()),
+    /// The node's role by `ROLE` (`master`, `slave`); `None` where `ROLE`
+    /// is refused. An answer of another shape fails the pass.
+    async fn role(
+        &self,
+        live: &Live,
+        node: Option<&MasterNode>,
+    ) -> Result<Option<String>, RedisError> {
+        let reply: redis::Value = match self.query_on(live, node, &redis::cmd("ROLE")).await {
+            Ok(reply) => reply,
+            Err(error) if refused(&error) => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        let role = match &reply {
+            redis::Value::Array(fields) => match fields.first() {
+                Some(redis::Value::BulkString(role)) => String::from_utf8(role.clone()).ok(),
+                Some(redis::Value::SimpleString(role)) => Some(role.clone()),
                 _ => None,
             },
             _ => None,
+        };
+        match role {
+            Some(role) => Ok(Some(role)),
+            None => Err(not_trusted(format!(
+                "ROLE answered {reply:?}: the pass cannot tell whether it reads a replica"
+            ))),
         }
     }
 
@@ -1378,7 +1416,37 @@ impl fmt::Debug for RedisLoader {
 
 #[cfg(test)]
 mod tests {
-    use super::{glob_admits_prefix, serve_every_slot_once};
+    use super::{cluster_support_disabled, glob_admits_prefix, refused, serve_every_slot_once};
+
+    /// Where `INFO` is denied, a failed `CLUSTER NODES` tells a plain Redis
+    /// only by a refusal or by "cluster support disabled"; any other error
+    /// (a node loading, busy, slow) fails the pass, since the node may be
+    /// one of a cluster, whose `SCAN` lists its own slots only.
+    #[test]
+    fn only_a_refusal_or_no_cluster_support_tells_a_failed_cluster_nodes_apart() {
+        let error = |reply: &str| {
+            redis::parse_redis_value(reply.as_bytes())
+                .unwrap()
+                .extract_error()
+                .unwrap_err()
+        };
+        let disabled = error("-ERR This instance has cluster support disabled\r\n");
+        assert!(cluster_support_disabled(&disabled) && !refused(&disabled));
+        let denied =
+            error("-NOPERM User scanner has no permissions to run the 'cluster|nodes' command\r\n");
+        assert!(refused(&denied));
+        for other in [
+            "-LOADING Redis is loading the dataset in memory\r\n",
+            "-BUSY Redis is busy running a script\r\n",
+            "-ERR unknown subcommand 'NODES'\r\n",
+        ] {
+            let other = error(other);
+            assert!(
+                !refused(&other) && !cluster_support_disabled(&other),
+                "{other}"
+            );
+        }
+    }
 
     /// The planned masters' own `CLUSTER NODES` lines decide whether a
     /// pass can cover the cluster: a node asked for the topology that had

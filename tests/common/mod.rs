@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 pub(crate) mod alloc_meter;
+#[cfg(feature = "guard")]
+pub(crate) mod captured_log;
 #[cfg(feature = "redis")]
 pub(crate) mod fleet;
 pub(crate) mod http_client;

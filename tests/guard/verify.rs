@@ -4,15 +4,16 @@
 
 use std::collections::HashSet;
 use std::convert::Infallible;
-use std::io::Write;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use bloomguard::layer::PathKey;
 use bloomguard::{Guard, GuardLayer, GuardedLoader, Verify};
 use tower::{Layer, ServiceExt, service_fn};
+
+use crate::common::captured_log::CapturedLog;
 
 const STORED: usize = 10_000;
 const ABSENT: usize = 100_000;
@@ -173,27 +174,6 @@ fn a_sample_outside_zero_to_one_is_refused() {
     }
 }
 
-/// Collects what `tracing` writes, to check what a warning says.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
 #[test]
 fn shadow_mode_asks_every_time_and_counts_what_would_have_been_wrong() {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -202,14 +182,8 @@ fn shadow_mode_asks_every_time_and_counts_what_would_have_been_wrong() {
     let guard = seen_guard();
     let store = CountingStore::default();
     let seen = GuardedLoader::new(guard.clone(), store.loader()).shadow();
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-
-    tracing::subscriber::with_default(subscriber, || {
+    let captured = CapturedLog::default();
+    tracing::subscriber::with_default(captured.subscriber(), || {
         runtime.block_on(async {
             // Stored behind the guard's back: the backend has it, the guard not.
             let forgotten = "seen:written-behind-its-back".to_string();

@@ -70,7 +70,11 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function record_since(since_key, record_key)
-  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+  -- Without a run id, a restart from an older dump would keep the record.
+  if not run then
+    error(redis.error_reply('INFO server has no run_id: the fleet cannot tell a restart'))
+  end
   local now = now_ms()
   local since = tonumber(redis.call('GET', since_key))
   if not since or since > now or redis.call('HGET', record_key, 'run') ~= run then

@@ -963,7 +963,8 @@ impl FleetSync {
     /// manifest names them, may be evicted: the publish is then refused,
     /// and a member publishes again later.)
     async fn warn_if_keys_may_be_evicted(&self) {
-        let policy: Result<Vec<String>, FleetError> = async {
+        // A map: `CONFIG GET` answers one over RESP3, a flat list over RESP2.
+        let policy: Result<std::collections::HashMap<String, String>, FleetError> = async {
             let mut connection = self.inner.connection.get().await?;
             Ok(redis::cmd("CONFIG")
                 .arg("GET")
@@ -973,9 +974,9 @@ impl FleetSync {
         }
         .await;
         match policy {
-            Ok(reply) if reply.iter().any(|value| value.starts_with("allkeys")) => {
+            Ok(reply) if reply.values().any(|value| value.starts_with("allkeys")) => {
                 tracing::warn!(
-                    policy = %reply.join(" "),
+                    policy = ?reply,
                     "Redis may evict the fleet's keys (maxmemory-policy allkeys-*): an evicted \
                      lease or record can cost a member acknowledged inserts; use noeviction or \
                      a volatile-* policy"

@@ -6,7 +6,8 @@
 //! Both take a [`PgPool`], which reconnects on its own: a pass or a load
 //! made while the database is gone fails (the rebuild is counted failed and
 //! retried, the old filter serving meanwhile), and the next one succeeds once
-//! it is back.
+//! it is back. A pass the server restarted during fails too, though the
+//! pool reconnected between its pages.
 //!
 //! Table and column names are quoted as identifiers (a name with a `"` in it
 //! stays a name), so they cannot inject SQL; a query given to
@@ -50,6 +51,10 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 /// checked, as a router balancing reads may send any page to one). A
 /// logical replica (a subscriber) is not in recovery and is not noticed:
 /// point the source at the primary.
+/// Each page runs under `row_security = off`: where a row-level security
+/// policy applies to the source's role, the pass fails rather than list
+/// only the rows the policy shows it; give the source the table owner's
+/// role, or one with `BYPASSRLS`.
 /// PostgreSQL 12 or later.
 ///
 /// A pass runs where the guard rebuilds: its maintenance task, a fleet
@@ -117,6 +122,10 @@ impl PgSource {
     /// `UPDATE … SET deleted = false`, like an `INSERT`, inserts into the
     /// guard first. The loader must apply the same filter, or a deleted
     /// row is served on a false positive and answered absent otherwise.
+    /// The query must depend on stored rows only: a filter on `now()`, a
+    /// session setting or the role (`WHERE publish_at <= now()`) brings
+    /// rows in with no write, which the guard answers absent until the
+    /// next rebuild.
     ///
     /// A key of another type listed as text (`SELECT id::text AS id`)
     /// holds the column's canonical text: `check` keys in that form only.
@@ -156,6 +165,11 @@ impl PgSource {
             // `regcollation` needs PostgreSQL 13. `pg_collation_for` fails
             // on a type without collations (an `int` column), whose own
             // error would hide the one below.
+            // With it, whether the server is a standby (a router may send
+            // this statement elsewhere than the pages), and when it started:
+            // a pass whose ends saw two starts read from two runs (a crash
+            // that lost commits, a failover), and a row deleted in the first
+            // may be back in the second, among keys already read.
             key_check: format!(
                 "WITH RECURSIVE one AS (SELECT {key} AS key FROM {relation} LIMIT 1), \
                  base(oid, over) AS (SELECT t.oid, t.typbasetype FROM one, pg_type t \
@@ -170,7 +184,8 @@ impl PgSource {
                   FROM key_collation, pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace \
                   WHERE key_collation.name COLLATE \"C\" IN \
                   (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname))), \
-                 (SELECT name FROM key_collation)"
+                 (SELECT name FROM key_collation), pg_is_in_recovery(), \
+                 extract(epoch FROM pg_postmaster_start_time())::text"
             ),
             page: Self::DEFAULT_PAGE,
             map_key: None,
@@ -207,8 +222,7 @@ impl PgSource {
             None => sqlx::query_as(&self.first_page).bind(self.page),
             Some(last) => sqlx::query_as(&self.next_page).bind(last).bind(self.page),
         };
-        let (standby, keys): (bool, Vec<String>) =
-            page.fetch_one(&self.pool).await.map_err(SourceError::new)?;
+        let (standby, keys): (bool, Vec<String>) = self.fetch_unfiltered(page).await?;
         if standby {
             return Err(SourceError::new(
                 "the source reads a standby, which may lack writes its primary took: \
@@ -227,11 +241,21 @@ impl PgSource {
     /// find `'A'` for `'a'`, which the guard, holding bytes, answers absent.)
     /// One short statement at each end of a pass.
     async fn key_order(&self) -> Result<KeyOrder, SourceError> {
-        let (key_type, deterministic, collation): (Option<String>, Option<bool>, Option<String>) =
-            sqlx::query_as(&self.key_check)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(SourceError::new)?;
+        let (key_type, deterministic, collation, standby, server_started): (
+            Option<String>,
+            Option<bool>,
+            Option<String>,
+            bool,
+            String,
+        ) = self
+            .fetch_unfiltered(sqlx::query_as(&self.key_check))
+            .await?;
+        if standby {
+            return Err(SourceError::new(
+                "the source reads a standby, which may lack writes its primary took: \
+                 give the PgSource a pool on the primary",
+            ));
+        }
         if let Some(key_type) = &key_type
             && !matches!(key_type.as_str(), "text" | "character varying")
         {
@@ -259,30 +283,81 @@ impl PgSource {
         Ok(KeyOrder {
             key_type,
             collation,
+            server_started,
         })
+    }
+
+    /// `query`'s one row, read in a transaction of its own under
+    /// `row_security = off`: where a row-level security policy applies to
+    /// the source's role, PostgreSQL fails the statement rather than leave
+    /// out the rows the policy hides, which a loader under another role
+    /// reads.
+    async fn fetch_unfiltered<T>(
+        &self,
+        query: sqlx::query::QueryAs<'_, Postgres, T, sqlx::postgres::PgArguments>,
+    ) -> Result<T, SourceError>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+    {
+        let mut transaction = self.pool.begin().await.map_err(SourceError::new)?;
+        sqlx::query("SET LOCAL row_security = off")
+            .execute(&mut *transaction)
+            .await
+            .map_err(SourceError::new)?;
+        let row = query.fetch_one(&mut *transaction).await.map_err(|error| {
+            match error.as_database_error() {
+                Some(database) if database.message().contains("row-level security") => {
+                    SourceError::new(format!(
+                        "{}: a pass would leave out the rows a policy hides from the \
+                         source's role; give the source a role the policy does not apply \
+                         to (the table's owner, or one with BYPASSRLS)",
+                        database.message()
+                    ))
+                }
+                _ => SourceError::new(error),
+            }
+        })?;
+        transaction.commit().await.map_err(SourceError::new)?;
+        Ok(row)
     }
 }
 
 /// How a pass found the keys to compare: their type and collation (`None`
-/// where the relation had no row).
+/// where the relation had no row), and when the server it read started.
 #[derive(Clone, Debug)]
 struct KeyOrder {
     key_type: Option<String>,
     collation: Option<String>,
+    /// `pg_postmaster_start_time()`, in seconds since the epoch.
+    server_started: String,
 }
 
 impl KeyOrder {
-    /// What changed since `start`, where both saw rows: a migration during
-    /// the pass (another collation) leaves the pages before and after it
-    /// in two orders, and the page after a key can skip keys that sorted
-    /// after it before.
+    /// Why the pass that began with `start` cannot be trusted whole, if it
+    /// cannot: the server restarted (or another took its place), or, where
+    /// both ends saw rows, a migration during the pass (another collation)
+    /// left the pages before and after it in two orders, and the page after
+    /// a key can skip keys that sorted after it before.
     fn change_since(&self, start: &KeyOrder) -> Option<String> {
+        if self.server_started != start.server_started {
+            return Some(
+                "the server restarted (or failed over) during the pass: its pages were read \
+                 from two runs of it, and a row deleted in the first may be back in the \
+                 second; the next pass reads it whole"
+                    .to_owned(),
+            );
+        }
         let changed = |before: &Option<String>, now: &Option<String>| match (before, now) {
             (Some(before), Some(now)) if before != now => Some(format!("{before} to {now}")),
             _ => None,
         };
-        changed(&start.key_type, &self.key_type)
-            .or_else(|| changed(&start.collation, &self.collation))
+        let change = changed(&start.key_type, &self.key_type)
+            .or_else(|| changed(&start.collation, &self.collation))?;
+        Some(format!(
+            "the key column's type or collation changed during the pass ({change}): the \
+             pages before and after compared keys in two orders and may have skipped some; \
+             the next pass reads it whole"
+        ))
     }
 }
 
@@ -305,14 +380,11 @@ impl KeySource for PgSource {
             if next.is_none() {
                 // Again at the end: a migration during the pass (a column
                 // turned citext, another collation) changes how the later
-                // pages compare, with no error, and the pass would look
-                // whole.
-                if let Some(change) = self.key_order().await?.change_since(&began) {
-                    return Err(SourceError::new(format!(
-                        "the key column's type or collation changed during the pass \
-                         ({change}): the pages before and after compared keys in two \
-                         orders and may have skipped some; the next pass reads it whole"
-                    )));
+                // pages compare, with no error, and so does a restart
+                // between two pages the pool reconnected across: the pass
+                // would look whole.
+                if let Some(why) = self.key_order().await?.change_since(&began) {
+                    return Err(SourceError::new(why));
                 }
             }
             let batch = keys

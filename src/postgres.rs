@@ -6,8 +6,8 @@
 //! Both take a [`PgPool`], which reconnects on its own: a pass or a load
 //! made while the database is gone fails (the rebuild is counted failed and
 //! retried, the old filter serving meanwhile), and the next one succeeds once
-//! it is back. A pass the server restarted during fails too, though the
-//! pool reconnected between its pages.
+//! it is back. A pass the server restarted (or recovered from a crash)
+//! during fails too, though the pool reconnected between its pages.
 //!
 //! Table and column names are quoted as identifiers (a name with a `"` in it
 //! stays a name), so they cannot inject SQL; a query given to
@@ -51,10 +51,13 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 /// checked, as a router balancing reads may send any page to one). A
 /// logical replica (a subscriber) is not in recovery and is not noticed:
 /// point the source at the primary.
-/// Each page runs under `row_security = off`: where a row-level security
-/// policy applies to the source's role, the pass fails rather than list
-/// only the rows the policy shows it; give the source the table owner's
-/// role, or one with `BYPASSRLS`.
+/// Each page runs in a transaction of its own (a pooler in statement mode,
+/// which refuses `BEGIN`, fails every pass) under `row_security = off`:
+/// where a row-level security policy applies to the source's role (any
+/// policy, one that hides nothing too), the pass fails rather than list
+/// only the rows the policy shows it. Give the source a role no policy
+/// applies to: one with `BYPASSRLS`, or the table's owner unless the table
+/// forces row-level security.
 /// PostgreSQL 12 or later.
 ///
 /// A pass runs where the guard rebuilds: its maintenance task, a fleet
@@ -166,10 +169,12 @@ impl PgSource {
             // on a type without collations (an `int` column), whose own
             // error would hide the one below.
             // With it, whether the server is a standby (a router may send
-            // this statement elsewhere than the pages), and when it started:
-            // a pass whose ends saw two starts read from two runs (a crash
-            // that lost commits, a failover), and a row deleted in the first
-            // may be back in the second, among keys already read.
+            // this statement elsewhere than the pages), and when it started
+            // and last ran crash recovery (which resets the shared stats,
+            // and their `stats_reset`, while the postmaster stays): a pass
+            // whose ends saw two runs (a restart or a crash that lost
+            // commits, a failover) may find a row deleted in the first back
+            // in the second, among keys already read.
             key_check: format!(
                 "WITH RECURSIVE one AS (SELECT {key} AS key FROM {relation} LIMIT 1), \
                  base(oid, over) AS (SELECT t.oid, t.typbasetype FROM one, pg_type t \
@@ -185,7 +190,8 @@ impl PgSource {
                   WHERE key_collation.name COLLATE \"C\" IN \
                   (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname))), \
                  (SELECT name FROM key_collation), pg_is_in_recovery(), \
-                 extract(epoch FROM pg_postmaster_start_time())::text"
+                 extract(epoch FROM pg_postmaster_start_time())::text || ' ' || \
+                 coalesce(extract(epoch FROM (SELECT stats_reset FROM pg_stat_archiver))::text, '')"
             ),
             page: Self::DEFAULT_PAGE,
             map_key: None,
@@ -328,7 +334,8 @@ impl PgSource {
 struct KeyOrder {
     key_type: Option<String>,
     collation: Option<String>,
-    /// `pg_postmaster_start_time()`, in seconds since the epoch.
+    /// `pg_postmaster_start_time()` and the archiver's `stats_reset`
+    /// (crash recovery resets it), in seconds since the epoch.
     server_started: String,
 }
 
@@ -341,9 +348,9 @@ impl KeyOrder {
     fn change_since(&self, start: &KeyOrder) -> Option<String> {
         if self.server_started != start.server_started {
             return Some(
-                "the server restarted (or failed over) during the pass: its pages were read \
-                 from two runs of it, and a row deleted in the first may be back in the \
-                 second; the next pass reads it whole"
+                "the server restarted, recovered from a crash or failed over during the \
+                 pass: its pages were read from two runs of it, and a row deleted in the \
+                 first may be back in the second; the next pass reads it whole"
                     .to_owned(),
             );
         }

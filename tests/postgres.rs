@@ -14,6 +14,7 @@ use bloomguard::{GuardLayer, GuardedLoader, RebuildError, Verdict};
 use common::guard_from;
 use common::postgres_server::PostgresServer;
 use futures_util::StreamExt;
+use sqlx::Connection as _;
 use tower::{Layer, ServiceExt};
 
 /// `items(id text primary key, name text)` with ids `0..rows`.
@@ -175,6 +176,63 @@ async fn a_database_restarted_between_pages_fails_the_pass() {
     }
     assert!(guard.is_warming(), "no partial filter was swapped in");
     assert_eq!(guard.rebuild().await.unwrap().keys, 10_000);
+}
+
+/// A server process that crashed between two pages: the postmaster ends
+/// every session and runs crash recovery (which, under `synchronous_commit
+/// = off`, loses the last commits: a row deleted may be back), then takes
+/// connections again, its start time unchanged. The pass fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_crash_between_pages_fails_the_pass() {
+    let server = PostgresServer::start();
+    let pool = server.pool().await;
+    items(&pool, 10_000).await;
+    let mut victim = sqlx::PgConnection::connect(&server.url()).await.unwrap();
+    let (backend,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+        .fetch_one(&mut victim)
+        .await
+        .unwrap();
+    let server = Arc::new(server);
+    let crashed = Arc::new(AtomicBool::new(false));
+    let source = PgSource::new(pool.clone(), "items", "id").page(1_000);
+    let guard = guard_from(CrashesABackendMidPass {
+        source,
+        server: Arc::clone(&server),
+        backend,
+        crashed: Arc::clone(&crashed),
+    });
+    let outcome = guard.rebuild().await;
+    assert!(
+        crashed.load(Ordering::Relaxed),
+        "the pass went past its first page"
+    );
+    match outcome {
+        Err(failed) => assert!(failed.to_string().contains("crash"), "{failed}"),
+        Ok(report) => panic!(
+            "a pass across a crash recovery was taken as whole ({} keys read)",
+            report.keys
+        ),
+    }
+    assert_eq!(guard.rebuild().await.unwrap().keys, 10_000);
+}
+
+/// A source that kills one server process after its first page.
+struct CrashesABackendMidPass {
+    source: PgSource,
+    server: Arc<PostgresServer>,
+    backend: i32,
+    crashed: Arc<AtomicBool>,
+}
+
+impl KeySource for CrashesABackendMidPass {
+    fn scan(&self) -> KeyStream<'_> {
+        Box::pin(self.source.scan().enumerate().map(|(page, batch)| {
+            if page == 0 && !self.crashed.swap(true, Ordering::Relaxed) {
+                self.server.crash_backend(self.backend);
+            }
+            batch
+        }))
+    }
 }
 
 /// Row-level security on the table for the role the source connects as

@@ -185,11 +185,18 @@ pub(crate) fn refused(error: &RedisError) -> bool {
             .is_some_and(|detail| detail.to_ascii_lowercase().starts_with("unknown command"))
 }
 
-/// Whether `CLUSTER …` failed because the server is not one of a cluster.
-fn cluster_support_disabled(error: &RedisError) -> bool {
-    error
-        .detail()
-        .is_some_and(|detail| detail.contains("cluster support disabled"))
+/// Whether a failed command may answer otherwise when asked again (the
+/// connection, a timeout, a node loading or busy): what it would have told
+/// is unknown. Any other error is the server's word that it does not run
+/// the command (refused, unknown, "cluster support disabled").
+fn may_answer_later(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_dropped()
+        || matches!(
+            error.code(),
+            Some("LOADING" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN")
+        )
 }
 
 /// `call`, failed with a timeout error after `timeout` (the connection
@@ -293,8 +300,9 @@ impl Connection {
 /// connection open, goes unnoticed without `INFO`). A cluster's connection
 /// reconnects on its own, so nothing but `INFO` shows a master restarted
 /// during a pass: [`RedisSource::cluster`] fails every pass where a master
-/// refuses `INFO` or its `commandstats` section (the guard stays warming,
-/// every key "maybe"). The user needs `SCAN` and `INFO` (and
+/// refuses `INFO` or its `commandstats` section, or answers it without a
+/// run id or with that section filtered (the guard stays warming, every key
+/// "maybe"). The user needs `SCAN` and `INFO` (and
 /// `CLUSTER NODES` and `CLUSTER SLOTS` on a cluster).
 ///
 /// ```no_run
@@ -428,7 +436,8 @@ impl RedisSource {
     /// that changes, during the pass fails the pass (the rebuild is retried,
     /// the old filter serving), never a silent partial rebuild. A restart
     /// shows only in `INFO`: where a master refuses it (an ACL without
-    /// `+info`), or its `commandstats` section, every pass fails, naming it.
+    /// `+info`) or its `commandstats` section, or answers it without a run
+    /// id or with that section filtered, every pass fails, saying so.
     pub fn cluster(client: ClusterClient, pattern: impl Into<String>) -> Self {
         Self::over(
             Connection::cluster(client, Self::DEFAULT_TIMEOUT),
@@ -579,13 +588,17 @@ impl RedisSource {
             Some(self.query_on(live, node, &nodes).await?)
         } else if denied {
             // Refused on a plain Redis ("cluster support disabled"), or
-            // denied: either way nothing to check. Any other error (a
-            // timeout, `LOADING`) fails the pass: the node may be one of a
-            // cluster, whose `SCAN` lists its own slots only.
+            // denied: either way nothing to check. One that may answer
+            // when asked again (a timeout, `LOADING`) fails the pass: the
+            // node may be one of a cluster, whose `SCAN` lists its own
+            // slots only.
             match self.query_on(live, node, &nodes).await {
                 Ok(nodes) => Some(nodes),
-                Err(error) if refused(&error) || cluster_support_disabled(&error) => None,
-                Err(error) => return Err(error),
+                Err(error) if may_answer_later(&error) => return Err(error),
+                Err(error) => {
+                    tracing::debug!(%error, "CLUSTER NODES refused: read as not a cluster");
+                    None
+                }
             }
         } else {
             None
@@ -661,10 +674,13 @@ impl RedisSource {
         };
         // `INFO` itself ran on this node just before: a section without
         // it was filtered (a proxy's), and could hide `RESTORE-ASKING` too.
+        // Lower-cased: a compatible server may name its commands in capitals.
+        let stats = stats.to_ascii_lowercase();
         if !stats.lines().any(|line| line.starts_with("cmdstat_info:")) {
             return Err(not_trusted(
                 "INFO commandstats lists no INFO calls where INFO was just called: the \
-                 section is filtered, and the pass cannot tell keys moved by MIGRATE",
+                 section is filtered (or was reset), and the pass cannot tell keys moved by \
+                 MIGRATE",
             ));
         }
         Ok(stats
@@ -675,8 +691,9 @@ impl RedisSource {
             .to_owned())
     }
 
-    /// The node's role by `ROLE` (`master`, `slave`); `None` where `ROLE`
-    /// is refused. An answer of another shape fails the pass.
+    /// The node's role by `ROLE` (`master`, `slave`); `None` where the
+    /// node refuses `ROLE`. An answer of another shape, or a failure that
+    /// may answer when asked again, fails the pass.
     async fn role(
         &self,
         live: &Live,
@@ -684,8 +701,8 @@ impl RedisSource {
     ) -> Result<Option<String>, RedisError> {
         let reply: redis::Value = match self.query_on(live, node, &redis::cmd("ROLE")).await {
             Ok(reply) => reply,
-            Err(error) if refused(&error) => return Ok(None),
-            Err(error) => return Err(error),
+            Err(error) if may_answer_later(&error) => return Err(error),
+            Err(_) => return Ok(None),
         };
         let role = match &reply {
             redis::Value::Array(fields) => match fields.first() {
@@ -1416,36 +1433,39 @@ impl fmt::Debug for RedisLoader {
 
 #[cfg(test)]
 mod tests {
-    use super::{cluster_support_disabled, glob_admits_prefix, refused, serve_every_slot_once};
+    use super::{glob_admits_prefix, may_answer_later, serve_every_slot_once};
 
-    /// Where `INFO` is denied, a failed `CLUSTER NODES` tells a plain Redis
-    /// only by a refusal or by "cluster support disabled"; any other error
-    /// (a node loading, busy, slow) fails the pass, since the node may be
-    /// one of a cluster, whose `SCAN` lists its own slots only.
+    /// Where `INFO` is denied, a failed `CLUSTER NODES` or `ROLE` reads as
+    /// "not a cluster", "not a replica" only where the server said it does
+    /// not run the command; one that may answer when asked again (a node
+    /// loading, busy, a connection cut) fails the pass, since the node may
+    /// be one of a cluster, whose `SCAN` lists its own slots only.
     #[test]
-    fn only_a_refusal_or_no_cluster_support_tells_a_failed_cluster_nodes_apart() {
+    fn only_a_failure_that_may_answer_later_fails_the_pass() {
         let error = |reply: &str| {
             redis::parse_redis_value(reply.as_bytes())
                 .unwrap()
                 .extract_error()
                 .unwrap_err()
         };
-        let disabled = error("-ERR This instance has cluster support disabled\r\n");
-        assert!(cluster_support_disabled(&disabled) && !refused(&disabled));
-        let denied =
-            error("-NOPERM User scanner has no permissions to run the 'cluster|nodes' command\r\n");
-        assert!(refused(&denied));
-        for other in [
+        for does_not_run in [
+            "-ERR This instance has cluster support disabled\r\n",
+            "-NOPERM User scanner has no permissions to run the 'cluster|nodes' command\r\n",
+            "-ERR unknown subcommand 'NODES'\r\n",
+            "-ERR unknown command 'ROLE'\r\n",
+        ] {
+            assert!(!may_answer_later(&error(does_not_run)), "{does_not_run}");
+        }
+        for may_answer in [
             "-LOADING Redis is loading the dataset in memory\r\n",
             "-BUSY Redis is busy running a script\r\n",
-            "-ERR unknown subcommand 'NODES'\r\n",
+            "-MASTERDOWN Link with MASTER is down\r\n",
         ] {
-            let other = error(other);
-            assert!(
-                !refused(&other) && !cluster_support_disabled(&other),
-                "{other}"
-            );
+            assert!(may_answer_later(&error(may_answer)), "{may_answer}");
         }
+        let cut =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(may_answer_later(&cut));
     }
 
     /// The planned masters' own `CLUSTER NODES` lines decide whether a

@@ -102,6 +102,34 @@ impl PostgresServer {
         stop
     }
 
+    /// Kills the server process `backend` serves a session on (SIGKILL, by
+    /// its PID from `pg_backend_pid()`): the postmaster ends every session,
+    /// runs crash recovery and takes connections again, with the same
+    /// start time. Waits until it does.
+    pub(crate) fn crash_backend(&self, backend: i32) {
+        // SAFETY: kill(2) with a PID this server gave for one of its own
+        // processes, which are children of its postmaster and stay
+        // unreaped (so unreused) until it notices the kill.
+        let sent = unsafe { libc::kill(backend, libc::SIGKILL) };
+        assert_eq!(sent, 0, "{}", std::io::Error::last_os_error());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        // `pg_isready` fails while the server is in recovery.
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let ready = Command::new(self.bin.join("pg_isready"))
+                .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()])
+                .status()
+                .is_ok_and(|status| status.success());
+            if ready {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the server did not take connections again after a backend crashed"
+            );
+        }
+    }
+
     pub(crate) fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }

@@ -73,7 +73,7 @@ local function record_since(since_key, record_key)
   local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
   -- Without a run id, a restart from an older dump would keep the record.
   if not run then
-    error(redis.error_reply('INFO server has no run_id: the fleet cannot tell a restart'))
+    error('INFO server has no run_id: the fleet cannot tell a restart')
   end
   local now = now_ms()
   local since = tonumber(redis.call('GET', since_key))

@@ -2397,6 +2397,39 @@ async fn chunks_a_switch_replaced_expire_when_its_clean_up_is_cut_off() {
     }
 }
 
+/// A publish cut off while it uploaded its chunks left those it had
+/// written in Redis for an hour (they expire only when no manifest names
+/// them), and a member publishes again within a lease: another copy of the
+/// filter each time. They are deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_of_a_publish_cut_off_mid_upload_are_deleted() {
+    let BehindAProxy {
+        server, proxy, b, ..
+    } = behind_a_proxy("cutoff", |builder| builder.snapshot_chunk_bytes(1 << 10)).await;
+    let mut admin = server.client().get_connection().unwrap();
+    let (since, version): (u64, Option<u64>) = redis::pipe()
+        .get("{cutoff}:since")
+        .get("{cutoff}:snapshot:version")
+        .query(&mut admin)
+        .unwrap();
+    let next = version.unwrap_or(0) + 1;
+    let chunk = |i: usize| format!("{{cutoff}}:snapshot:{since}:{next}:{i}");
+    proxy.stall_at(chunk(2).as_bytes(), StallAt::Before);
+    let publishing = tokio::spawn({
+        let fleet = b.fleet.clone();
+        async move { fleet.publish_snapshot().await }
+    });
+    wait_until("the upload to stall", || proxy.is_stalled()).await;
+    assert!(exists(&mut admin, &chunk(0)) && exists(&mut admin, &chunk(1)));
+    proxy.cut();
+    proxy.resume();
+    let published = publishing.await.unwrap();
+    assert!(published.is_err(), "{published:?}");
+    for i in 0..3 {
+        assert!(!exists(&mut admin, &chunk(i)), "{} left behind", chunk(i));
+    }
+}
+
 /// A member whose tasks ended without leaving (its runtime dropped, a
 /// panic) keeps no standing: its stats say fenced, and it publishes no
 /// snapshot from the position it froze at.

@@ -422,6 +422,7 @@ impl FleetSync {
             (state.leased_in, state.lack())
         };
         let mut connection = self.inner.connection.get().await?;
+        let sent_at = Instant::now();
         let (since, needed, aged, lacks): (u64, u8, u8, u8) = RECORD
             .key(&keys.since)
             .key(&keys.record)
@@ -445,6 +446,11 @@ impl FleetSync {
             state.catch_up_to = None;
             if lacks == 0 {
                 state.fresh_in = Some(since);
+                // As after a renewal that found the record new: a snapshot
+                // adopted now may lack what a member from before holds
+                // alone, and the mark saying so comes with that member's
+                // next renewal, within a lease.
+                state.fresh_until_renewed_after = Some(sent_at + self.inner.settings.lease);
             }
             // Otherwise fresh in the earlier record still: told so at each
             // look until it loads what that one needed.

@@ -530,7 +530,11 @@ impl FleetSyncBuilder {
     /// Publishes a snapshot every `period` (one member at a time), which
     /// also trims the stream to the snapshot before. Unless told, only when
     /// a member asks for one. At least 100 ms, at most
-    /// [`MAX_DURATION`].
+    /// [`MAX_DURATION`]. Keep it above the time a member takes to read a
+    /// snapshot (its size over the link to Redis): a publish deletes the
+    /// snapshot it replaces, and a member reading that one starts over, so
+    /// with a shorter period members that join or recover without a source
+    /// stay fenced.
     pub fn snapshot_every(mut self, period: Duration) -> Self {
         self.settings.snapshot_every = Some(period.clamp(SHORTEST_PERIOD, MAX_DURATION));
         self

@@ -305,13 +305,19 @@ impl FleetSync {
         let chunks = encoded.chunks(self.inner.settings.chunk_bytes);
         let count = chunks.len();
         for (i, chunk) in chunks.enumerate() {
-            let () = redis::cmd("SET")
+            let written: Result<(), _> = redis::cmd("SET")
                 .arg(keys.chunk(id, i))
                 .arg(chunk)
                 .arg("PX")
                 .arg(UNNAMED_CHUNK_LIFETIME.as_millis() as u64)
                 .query_async(&mut connection)
-                .await?;
+                .await;
+            if let Err(error) = written {
+                // Nobody's: left to expire, they would stay an hour, and
+                // the next publish (within a lease) writes another copy.
+                self.delete_chunks(id, i + 1).await;
+                return Err(error.into());
+            }
         }
         let mut set_manifest = SET_MANIFEST.prepare_invoke();
         set_manifest
@@ -340,11 +346,7 @@ impl FleetSync {
             Err(FleetError::SnapshotRefused) => {
                 // The chunks are nobody's. (Any other error may have come
                 // after the script ran, and the manifest may point at them.)
-                let mut delete = redis::cmd("DEL");
-                for i in 0..count {
-                    delete.arg(keys.chunk(id, i));
-                }
-                let _: Result<i64, _> = delete.query_async(&mut connection).await;
+                self.delete_chunks(id, count).await;
                 return Err(FleetError::SnapshotRefused);
             }
             Err(error) => return Err(error),
@@ -366,6 +368,23 @@ impl FleetSync {
             .await?;
         retired?;
         Ok(position)
+    }
+
+    /// Deletes the first `count` chunks of `id`, which no manifest names;
+    /// where that fails they expire (`UNNAMED_CHUNK_LIFETIME`).
+    async fn delete_chunks(&self, id: SnapshotId, count: usize) {
+        let deleted = async {
+            let mut connection = self.inner.connection.get().await?;
+            let mut delete = redis::cmd("DEL");
+            for i in 0..count {
+                delete.arg(self.inner.keys.chunk(id, i));
+            }
+            delete.query_async::<i64>(&mut connection).await?;
+            Ok::<_, FleetError>(())
+        };
+        if let Err(error) = deleted.await {
+            tracing::debug!(%error, "unnamed snapshot chunks not deleted; they expire");
+        }
     }
 
     /// Deletes the chunks of `old`, which the snapshot published at

@@ -305,9 +305,10 @@ impl PgSource {
     where
         T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
     {
-        let mut transaction = self.pool.begin().await.map_err(SourceError::new)?;
-        sqlx::query("SET LOCAL row_security = off")
-            .execute(&mut *transaction)
+        // One round trip for both (a simple query may hold two statements).
+        let mut transaction = self
+            .pool
+            .begin_with("BEGIN; SET LOCAL row_security = off")
             .await
             .map_err(SourceError::new)?;
         let row = query.fetch_one(&mut *transaction).await.map_err(|error| {

@@ -101,24 +101,27 @@ async fn writes_made_during_a_rebuild_survive_it() {
     }
 }
 
-/// A source that stops the database after its first page (and, with
-/// `start_again`, starts it again before the next).
-struct StopsTheServerMidPass {
+/// A source that runs `act` once, after its first page: the pass is
+/// certainly in the middle when it acts.
+struct ActsMidPass<F> {
     source: PgSource,
-    server: Arc<std::sync::Mutex<PostgresServer>>,
-    stopped: AtomicBool,
-    start_again: bool,
+    act: F,
+    acted: AtomicBool,
 }
 
-impl KeySource for StopsTheServerMidPass {
+fn acts_mid_pass<F: Fn() + Send + Sync + 'static>(source: PgSource, act: F) -> ActsMidPass<F> {
+    ActsMidPass {
+        source,
+        act,
+        acted: AtomicBool::new(false),
+    }
+}
+
+impl<F: Fn() + Send + Sync + 'static> KeySource for ActsMidPass<F> {
     fn scan(&self) -> KeyStream<'_> {
         Box::pin(self.source.scan().enumerate().map(|(page, batch)| {
-            if page == 0 && !self.stopped.swap(true, Ordering::Relaxed) {
-                let mut server = self.server.lock().unwrap();
-                server.stop();
-                if self.start_again {
-                    server.start_again();
-                }
+            if page == 0 && !self.acted.swap(true, Ordering::Relaxed) {
+                (self.act)();
             }
             batch
         }))
@@ -131,12 +134,13 @@ async fn a_database_restarted_mid_rebuild_fails_the_pass_and_the_retry_succeeds(
     let pool = server.pool().await;
     items(&pool, 10_000).await;
     let server = Arc::new(std::sync::Mutex::new(server));
-    let guard = guard_from(StopsTheServerMidPass {
-        source: PgSource::new(pool.clone(), "items", "id").page(1_000),
-        server: Arc::clone(&server),
-        stopped: AtomicBool::new(false),
-        start_again: false,
-    });
+    let guard = guard_from(acts_mid_pass(
+        PgSource::new(pool.clone(), "items", "id").page(1_000),
+        {
+            let server = Arc::clone(&server);
+            move || server.lock().unwrap().stop()
+        },
+    ));
     let failed = guard.rebuild().await.unwrap_err();
     assert!(matches!(failed, RebuildError::Source(_)), "{failed}");
     assert!(guard.is_warming(), "no partial filter was swapped in");
@@ -158,12 +162,15 @@ async fn a_database_restarted_between_pages_fails_the_pass() {
     let server = PostgresServer::start();
     let pool = server.pool().await;
     items(&pool, 10_000).await;
-    let guard = guard_from(StopsTheServerMidPass {
-        source: PgSource::new(pool.clone(), "items", "id").page(1_000),
-        server: Arc::new(std::sync::Mutex::new(server)),
-        stopped: AtomicBool::new(false),
-        start_again: true,
-    });
+    let server = std::sync::Mutex::new(server);
+    let guard = guard_from(acts_mid_pass(
+        PgSource::new(pool.clone(), "items", "id").page(1_000),
+        move || {
+            let mut server = server.lock().unwrap();
+            server.stop();
+            server.start_again();
+        },
+    ));
     match guard.rebuild().await {
         Err(failed) => assert!(
             matches!(failed, RebuildError::Source(_)) && failed.to_string().contains("restarted"),
@@ -192,15 +199,17 @@ async fn a_backend_crash_between_pages_fails_the_pass() {
         .fetch_one(&mut victim)
         .await
         .unwrap();
-    let server = Arc::new(server);
     let crashed = Arc::new(AtomicBool::new(false));
-    let source = PgSource::new(pool.clone(), "items", "id").page(1_000);
-    let guard = guard_from(CrashesABackendMidPass {
-        source,
-        server: Arc::clone(&server),
-        backend,
-        crashed: Arc::clone(&crashed),
-    });
+    let guard = guard_from(acts_mid_pass(
+        PgSource::new(pool.clone(), "items", "id").page(1_000),
+        {
+            let crashed = Arc::clone(&crashed);
+            move || {
+                server.crash_backend(backend);
+                crashed.store(true, Ordering::Relaxed);
+            }
+        },
+    ));
     let outcome = guard.rebuild().await;
     assert!(
         crashed.load(Ordering::Relaxed),
@@ -214,25 +223,6 @@ async fn a_backend_crash_between_pages_fails_the_pass() {
         ),
     }
     assert_eq!(guard.rebuild().await.unwrap().keys, 10_000);
-}
-
-/// A source that kills one server process after its first page.
-struct CrashesABackendMidPass {
-    source: PgSource,
-    server: Arc<PostgresServer>,
-    backend: i32,
-    crashed: Arc<AtomicBool>,
-}
-
-impl KeySource for CrashesABackendMidPass {
-    fn scan(&self) -> KeyStream<'_> {
-        Box::pin(self.source.scan().enumerate().map(|(page, batch)| {
-            if page == 0 && !self.crashed.swap(true, Ordering::Relaxed) {
-                self.server.crash_backend(self.backend);
-            }
-            batch
-        }))
-    }
 }
 
 /// Row-level security on the table for the role the source connects as

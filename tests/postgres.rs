@@ -216,7 +216,10 @@ async fn a_backend_crash_between_pages_fails_the_pass() {
         "the pass went past its first page"
     );
     match outcome {
-        Err(failed) => assert!(failed.to_string().contains("crash"), "{failed}"),
+        Err(failed) => assert!(
+            failed.to_string().contains("recovered from a crash"),
+            "{failed}"
+        ),
         Ok(report) => panic!(
             "a pass across a crash recovery was taken as whole ({} keys read)",
             report.keys

@@ -544,6 +544,77 @@ async fn a_pass_on_a_replica_fails_where_info_is_denied() {
     assert!(error.to_string().contains("replica"), "{error}");
 }
 
+/// Where `INFO` is denied, a `CLUSTER NODES` that may answer when asked
+/// again (`LOADING`) fails the pass: read as "not a cluster", as it was, a
+/// node of a cluster (whose `SCAN` lists its own slots only) passed for the
+/// whole store. One that says the server has no cluster does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_nodes_that_may_answer_later_fails_the_pass_where_info_is_denied() {
+    let loading = pass_over(
+        INFO_DENIED,
+        MASTER,
+        "-LOADING Redis is loading the dataset\r\n",
+    )
+    .await;
+    let error = loading.expect_err("a node that may be one of a cluster");
+    assert!(error.to_string().contains("loading the dataset"), "{error}");
+    let plain = pass_over(INFO_DENIED, MASTER, NO_CLUSTER).await;
+    assert_eq!(plain.unwrap(), 1, "a plain Redis is read");
+}
+
+/// An `INFO` without a run id (a proxy's, a compatible server's) reads as
+/// denied: `ROLE` is asked, and a pass on a replica fails. It was taken
+/// for a master's, without asking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_info_without_a_run_id_asks_role_and_a_replica_fails_the_pass() {
+    let info = bulk("# Server\r\nredis_version:7.0.0\r\n");
+    let replica = "*5\r\n$5\r\nslave\r\n$9\r\n127.0.0.1\r\n:6379\r\n$9\r\nconnected\r\n:0\r\n";
+    let error = pass_over(&info, replica, NO_CLUSTER).await.unwrap_err();
+    assert!(error.to_string().contains("replica"), "{error}");
+}
+
+/// Where `INFO` is denied, a `ROLE` that may answer when asked again, or
+/// answers in another shape, fails the pass: either read as "not a
+/// replica", and a replica's pass went on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_that_cannot_be_read_fails_the_pass_where_info_is_denied() {
+    for (role, says) in [
+        (
+            "-LOADING Redis is loading the dataset\r\n",
+            "loading the dataset",
+        ),
+        ("+OK\r\n", "ROLE answered"),
+    ] {
+        let error = pass_over(INFO_DENIED, role, NO_CLUSTER).await.unwrap_err();
+        assert!(error.to_string().contains(says), "{role}: {error}");
+    }
+}
+
+const INFO_DENIED: &str = "-NOPERM this user has no permissions to run the 'info' command\r\n";
+const MASTER: &str = "*3\r\n$6\r\nmaster\r\n:0\r\n*0\r\n";
+const NO_CLUSTER: &str = "-ERR This instance has cluster support disabled\r\n";
+
+fn bulk(text: &str) -> String {
+    format!("${}\r\n{text}\r\n", text.len())
+}
+
+/// One pass of a source over a stand-in Redis that answers `INFO`, `ROLE`
+/// and `CLUSTER …` as told, lists `item:1`, and takes anything else
+/// (`CLIENT SETINFO`) with `OK`: the keys it read.
+async fn pass_over(info: &str, role: &str, cluster: &str) -> Result<u64, bloomguard::RebuildError> {
+    let (info, role, cluster) = (info.to_owned(), role.to_owned(), cluster.to_owned());
+    let fake = common::fake_redis::FakeRedis::start(move |command| match command[0].as_slice() {
+        b"INFO" => info.clone(),
+        b"ROLE" => role.clone(),
+        b"CLUSTER" => cluster.clone(),
+        b"SCAN" => format!("*2\r\n{}*1\r\n{}", bulk("0"), bulk("item:1")),
+        _ => "+OK\r\n".to_owned(),
+    })
+    .await;
+    let guard = common::guard_from(RedisSource::new(fake.client(), "item:*").strip_prefix("item:"));
+    guard.rebuild().await.map(|report| report.keys)
+}
+
 /// A master holding `item:0..100`, and a replica of it (still syncing,
 /// perhaps). Both are stopped when dropped.
 fn replica_of_a_populated_master() -> (RedisServer, RedisServer) {

@@ -6,6 +6,8 @@ pub(crate) mod alloc_meter;
 #[cfg(feature = "guard")]
 pub(crate) mod captured_log;
 #[cfg(feature = "redis")]
+pub(crate) mod fake_redis;
+#[cfg(feature = "redis")]
 pub(crate) mod fleet;
 pub(crate) mod http_client;
 pub(crate) mod items_service;

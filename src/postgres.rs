@@ -316,8 +316,9 @@ impl PgSource {
                 Some(database) if database.message().contains("row-level security") => {
                     SourceError::new(format!(
                         "{}: a pass would leave out the rows a policy hides from the \
-                         source's role; give the source a role the policy does not apply \
-                         to (the table's owner, or one with BYPASSRLS)",
+                         source's role; give the source a role no policy applies to (one \
+                         with BYPASSRLS, or the table's owner unless the table forces \
+                         row-level security)",
                         database.message()
                     ))
                 }

@@ -2916,3 +2916,94 @@ fn joining_a_redis_that_may_evict_any_key_warns_over_either_protocol() {
         );
     }
 }
+
+/// A member recovering (the stream trimmed past what it holds, no snapshot
+/// covering it) when Redis restarts from an older dump: it learns of the
+/// new record from its own look at it, not from a renewal, and the dump's
+/// snapshot covers the dump's stream. It used to adopt that snapshot and
+/// answer at once, before the member from before (`c`, held back for less
+/// than a lease) had renewed and marked the record as needing the keys it
+/// alone held: all 100 keys acknowledged after the dump answered `Absent`,
+/// 0.14 s after the restart. It now stays fenced a lease after learning of
+/// the record, as a renewal that finds it does, and loads `c`'s snapshot
+/// once `c` has marked it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_recovering_when_redis_restarts_from_an_older_dump_waits_for_the_mark() {
+    let dir = std::env::temp_dir().join(format!("bloomguard-window-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_arg = ["--dir", dir.to_str().unwrap()];
+    let mut server = RedisServer::start_with(&dir_arg);
+    let port = server.port;
+    // A lease long enough that `c`, held back below, keeps it.
+    let settings =
+        |builder: FleetSyncBuilder| builder.lease(Duration::from_secs(6)).stream_max_len(50);
+    // `c` hears no request for a snapshot: `r` stays recovering.
+    let c_proxy = TcpProxy::start(([127, 0, 0, 1], port).into()).await;
+    c_proxy.mark(b"SUBSCRIBE");
+    let c = join_with(guard("c"), c_proxy.client(), "window", settings).await;
+    for n in 0..10 {
+        c.fleet
+            .insert_then_write(format!("early:{n}"), async {})
+            .await
+            .unwrap();
+    }
+    c.fleet.publish_snapshot().await.unwrap();
+    let () = redis::cmd("SAVE")
+        .query(&mut server.client().get_connection().unwrap())
+        .unwrap();
+    let after_dump: Vec<String> = (0..100).map(|n| format!("after-dump:{n}")).collect();
+    for key in &after_dump {
+        c.fleet.insert_then_write(key, async {}).await.unwrap();
+    }
+    assert!(c_proxy.silence_marked() > 0, "c's notices silenced");
+    // Over RESP3 the client learns of the restart's dropped connection and
+    // makes another at once: `r`'s first look after it reads the record.
+    let resp3 = redis::Client::open(format!("redis://127.0.0.1:{port}/?protocol=resp3")).unwrap();
+    let r = join_with(guard("r"), resp3, "window", settings).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        r.guard().is_fenced(),
+        "r recovers: no snapshot covers its gap"
+    );
+
+    c_proxy.stall();
+    server.kill();
+    server = RedisServer::start_on_with(port, &dir_arg);
+    let mut admin = server.client().get_connection().unwrap();
+    let restarted = tokio::time::Instant::now();
+    let mut c_resumed = false;
+    loop {
+        // Wakes `r`'s recovery, which waits for a published snapshot.
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg("{window}:notices")
+            .arg("snapshot")
+            .query(&mut admin)
+            .unwrap();
+        if !r.guard().is_fenced() {
+            let absent: Vec<&String> = after_dump
+                .iter()
+                .filter(|key| r.guard().check(key).is_absent())
+                .collect();
+            assert!(
+                absent.is_empty(),
+                "{} keys acknowledged after the dump answer Absent on the recovered \
+                 member (c resumed: {c_resumed}), {:?} after the restart",
+                absent.len(),
+                restarted.elapsed()
+            );
+            break;
+        }
+        // Held back for less than its lease: `c` still counts as caught up.
+        if !c_resumed && restarted.elapsed() > Duration::from_millis(1_500) {
+            c_proxy.resume();
+            c_resumed = true;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(60),
+            "r never recovered"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop((c, r, server));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -651,11 +651,7 @@ async fn a_member_joining_after_redis_lost_its_data_holds_the_keys_from_before()
 /// snapshots from before it are not taken for what it lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_joining_after_redis_restarted_from_an_older_dump_holds_every_key() {
-    let dir = std::env::temp_dir().join(format!("bloomguard-dump-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let dir_arg = ["--dir", dir.to_str().unwrap()];
-    let mut server = RedisServer::start_with(&dir_arg);
-    let port = server.port;
+    let mut server = RedisServer::start();
     let a = join(guard("a"), server.client(), "dump").await;
     let b = join(guard("b"), server.client(), "dump").await;
     a.fleet.insert_then_write("dumped", async {}).await.unwrap();
@@ -669,8 +665,7 @@ async fn a_member_joining_after_redis_restarted_from_an_older_dump_holds_every_k
         a.fleet.insert_then_write(key, async {}).await.unwrap();
     }
     caught_up(&b).await;
-    server.kill();
-    let server = RedisServer::start_on_with(port, &dir_arg);
+    server.restart_from_dump();
     let c = join(guard("c"), server.client(), "dump").await;
     caught_up(&c).await;
     for key in after_dump.iter().chain(["dumped".to_owned()].iter()) {
@@ -681,7 +676,6 @@ async fn a_member_joining_after_redis_restarted_from_an_older_dump_holds_every_k
         );
     }
     drop((a, b, c, server));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Redis's clock stepped back (an hour here) leaves the fleet's record
@@ -2929,10 +2923,7 @@ fn joining_a_redis_that_may_evict_any_key_warns_over_either_protocol() {
 /// once `c` has marked it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_recovering_when_redis_restarts_from_an_older_dump_waits_for_the_mark() {
-    let dir = std::env::temp_dir().join(format!("bloomguard-window-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let dir_arg = ["--dir", dir.to_str().unwrap()];
-    let mut server = RedisServer::start_with(&dir_arg);
+    let mut server = RedisServer::start();
     let port = server.port;
     // A lease long enough that `c`, held back below, keeps it.
     let settings =
@@ -2967,8 +2958,7 @@ async fn a_member_recovering_when_redis_restarts_from_an_older_dump_waits_for_th
     );
 
     c_proxy.stall();
-    server.kill();
-    server = RedisServer::start_on_with(port, &dir_arg);
+    server.restart_from_dump();
     let mut admin = server.client().get_connection().unwrap();
     let restarted = tokio::time::Instant::now();
     let mut c_resumed = false;
@@ -3005,5 +2995,4 @@ async fn a_member_recovering_when_redis_restarts_from_an_older_dump_waits_for_th
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     drop((c, r, server));
-    let _ = std::fs::remove_dir_all(&dir);
 }

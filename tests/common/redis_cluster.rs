@@ -4,7 +4,7 @@
 //! seconds. Killed on drop, by PID.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 pub(crate) struct RedisCluster {
@@ -275,25 +275,21 @@ impl RedisCluster {
     }
 }
 
-/// Starts the node of `port`, keeping its cluster state in `dir`.
+/// Starts the node of `port`, keeping its cluster state and its dump in `dir`.
 fn spawn_node(port: u16, dir: &std::path::Path, node_args: &[&str]) -> Child {
-    let spawned = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
-        .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
-        .args(["--save", "", "--appendonly", "no"])
-        .args(["--dbfilename", &format!("dump-{port}.rdb")])
-        .arg("--dir")
-        .arg(dir)
-        .args(node_args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
-    spawned.unwrap_or_else(|error| {
-        panic!(
-            "this test needs redis-server on the PATH (apt-get install -y redis-server): {error}"
-        )
-    })
+    let (config, dump) = (format!("nodes-{port}.conf"), format!("dump-{port}.rdb"));
+    let mut args = vec![
+        "--cluster-enabled",
+        "yes",
+        "--cluster-node-timeout",
+        "1000",
+        "--cluster-config-file",
+        &config,
+        "--dbfilename",
+        &dump,
+    ];
+    args.extend_from_slice(node_args);
+    super::redis_server::launch(port, dir, &args)
 }
 
 fn query<T: redis::FromRedisValue>(port: u16, command: &redis::Cmd) -> redis::RedisResult<T> {

@@ -35,10 +35,13 @@ impl RedisServer {
         Self::spawn(port, &[])
     }
 
-    /// [`start_on`](Self::start_on), with more `redis-server` arguments (the
-    /// `--dir` of a dump to load).
-    pub(crate) fn start_on_with(port: u16, extra_args: &[&str]) -> Self {
-        Self::spawn(port, extra_args)
+    /// Kills the server (SIGKILL: it saves nothing more) and starts another
+    /// on its port and in its directory, which loads the last dump (`SAVE`)
+    /// there, as a Redis restarted after a crash does.
+    pub(crate) fn restart_from_dump(&mut self) {
+        self.kill();
+        self.child = Some(launch(self.port, &self.dir, &[]));
+        self.wait_until_up();
     }
 
     fn spawn(port: u16, extra_args: &[&str]) -> Self {
@@ -47,24 +50,9 @@ impl RedisServer {
         let dir =
             std::env::temp_dir().join(format!("bloomguard-redis-{}-{nth}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        // A `--dir` among `extra_args` comes later and wins.
-        let spawned = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&dir)
-            .args(extra_args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = spawned.unwrap_or_else(|error| {
-            panic!(
-                "this test needs redis-server on the PATH (apt-get install -y redis-server): {error}"
-            )
-        });
         let mut server = Self {
             port,
-            child: Some(child),
+            child: Some(launch(port, &dir, extra_args)),
             dir,
         };
         server.wait_until_up();
@@ -137,6 +125,25 @@ impl RedisServer {
             let _ = child.wait();
         }
     }
+}
+
+/// `redis-server` on `port`, working in `dir`, without persistence unless
+/// `extra_args` say otherwise.
+pub(crate) fn launch(port: u16, dir: &std::path::Path, extra_args: &[&str]) -> Child {
+    let spawned = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .args(extra_args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    spawned.unwrap_or_else(|error| {
+        panic!(
+            "this test needs redis-server on the PATH (apt-get install -y redis-server): {error}"
+        )
+    })
 }
 
 impl Drop for RedisServer {

@@ -37,6 +37,11 @@ fn quoted(name: &str) -> String {
         .join(".")
 }
 
+/// Why a pass read by a standby fails: it replays its primary's writes
+/// asynchronously, and may lack one for longer than any write settle.
+const ON_A_STANDBY: &str = "the source reads a standby, which may lack writes its primary \
+     took: give the PgSource a pool on the primary";
+
 /// Turns a stored key into the bytes the guard holds.
 type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 
@@ -230,10 +235,7 @@ impl PgSource {
         };
         let (standby, keys): (bool, Vec<String>) = self.fetch_unfiltered(page).await?;
         if standby {
-            return Err(SourceError::new(
-                "the source reads a standby, which may lack writes its primary took: \
-                 give the PgSource a pool on the primary",
-            ));
+            return Err(SourceError::new(ON_A_STANDBY));
         }
         Ok(keys)
     }
@@ -257,10 +259,7 @@ impl PgSource {
             .fetch_unfiltered(sqlx::query_as(&self.key_check))
             .await?;
         if standby {
-            return Err(SourceError::new(
-                "the source reads a standby, which may lack writes its primary took: \
-                 give the PgSource a pool on the primary",
-            ));
+            return Err(SourceError::new(ON_A_STANDBY));
         }
         if let Some(key_type) = &key_type
             && !matches!(key_type.as_str(), "text" | "character varying")

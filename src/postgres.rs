@@ -42,6 +42,14 @@ fn quoted(name: &str) -> String {
 const ON_A_STANDBY: &str = "the source reads a standby, which may lack writes its primary \
      took: give the PgSource a pool on the primary";
 
+/// Where the database's default collation is at another version than the
+/// one recorded for the database (its indexes were built under that one):
+/// both, or `NULL`. PostgreSQL 15 and later record it.
+const DATABASE_COLLATION_DRIFT: &str = "SELECT (SELECT format('recorded %s, now %s', \
+     datcollversion, coalesce(pg_database_collation_actual_version(oid), 'none')) \
+     FROM pg_database WHERE datname = current_database() AND datcollversion IS NOT NULL \
+     AND datcollversion IS DISTINCT FROM pg_database_collation_actual_version(oid))";
+
 /// Turns a stored key into the bytes the guard holds.
 type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 
@@ -51,8 +59,11 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 /// page in memory. The key column must be `text` or `varchar` (or a domain
 /// over one) under a deterministic collation: a pass over keys that compare
 /// equal by case or accent, or over `citext` or `char(n)`, fails. It should
-/// be indexed (a primary key is). A pass on a standby fails too: it may lack
-/// writes its primary took, for longer than any write settle (each page is
+/// be indexed (a primary key is). A pass fails as well where the
+/// collation's library changed version since the indexes were built (an
+/// upgrade of glibc or ICU, of which PostgreSQL only warns): an index in
+/// the old order makes the pages skip keys. A pass on a standby fails too:
+/// it may lack writes its primary took, for longer than any write settle (each page is
 /// checked, as a router balancing reads may send any page to one). A
 /// logical replica (a subscriber) is not in recovery and is not noticed:
 /// point the source at the primary.
@@ -173,6 +184,10 @@ impl PgSource {
             // `regcollation` needs PostgreSQL 13. `pg_collation_for` fails
             // on a type without collations (an `int` column), whose own
             // error would hide the one below.
+            // Its recorded version against the one its library now gives
+            // (as PostgreSQL's own warning compares them; the database's
+            // default is recorded for the database, see
+            // `DATABASE_COLLATION_DRIFT`), and the server's version.
             // With it, whether the server is a standby (a router may send
             // this statement elsewhere than the pages), and when it started
             // and last ran crash recovery (which resets the shared stats,
@@ -188,13 +203,20 @@ impl PgSource {
                   WHERE t.oid = base.over), \
                  key_collation AS (SELECT CASE WHEN t.typcollation <> 0 \
                   THEN pg_collation_for(one.key) COLLATE \"C\" END AS name \
-                  FROM one, pg_type t WHERE t.oid = pg_typeof(one.key)) SELECT \
-                 (SELECT format_type(oid, NULL) FROM base WHERE over = 0), \
-                 (SELECT bool_and(c.collisdeterministic) \
+                  FROM one, pg_type t WHERE t.oid = pg_typeof(one.key)), \
+                 found AS (SELECT c.oid, c.collprovider, c.collisdeterministic, c.collversion \
                   FROM key_collation, pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace \
                   WHERE key_collation.name COLLATE \"C\" IN \
-                  (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname))), \
-                 (SELECT name FROM key_collation), pg_is_in_recovery(), \
+                  (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname))) \
+                 SELECT (SELECT format_type(oid, NULL) FROM base WHERE over = 0), \
+                 (SELECT bool_and(collisdeterministic) FROM found), \
+                 (SELECT name FROM key_collation), \
+                 (SELECT string_agg(format('recorded %s, now %s', collversion, \
+                  coalesce(pg_collation_actual_version(oid), 'none')), '; ') FROM found \
+                  WHERE collversion IS DISTINCT FROM pg_collation_actual_version(oid) \
+                  AND collversion IS NOT NULL), \
+                 (SELECT bool_or(collprovider = 'd') FROM found), \
+                 current_setting('server_version_num')::int, pg_is_in_recovery(), \
                  extract(epoch FROM pg_postmaster_start_time())::text || ' ' || \
                  coalesce(extract(epoch FROM (SELECT stats_reset FROM pg_stat_archiver))::text, '')"
             ),
@@ -249,13 +271,26 @@ impl PgSource {
     /// find `'A'` for `'a'`, which the guard, holding bytes, answers absent.)
     /// One short statement at each end of a pass.
     async fn key_order(&self) -> Result<KeyOrder, SourceError> {
-        let (key_type, deterministic, collation, standby, server_started): (
+        type KeyCheck = (
             Option<String>,
             Option<bool>,
             Option<String>,
+            Option<String>,
+            Option<bool>,
+            i32,
             bool,
             String,
-        ) = self
+        );
+        let (
+            key_type,
+            deterministic,
+            collation,
+            mut version_drift,
+            database_default,
+            server_version,
+            standby,
+            server_started,
+        ): KeyCheck = self
             .fetch_unfiltered(sqlx::query_as(&self.key_check))
             .await?;
         if standby {
@@ -283,6 +318,21 @@ impl PgSource {
             return Err(SourceError::new(format!(
                 "the key column's collation {collation} was not found in pg_collation: \
                  cannot tell whether it compares keys byte for byte"
+            )));
+        }
+        if database_default == Some(true) && server_version >= 150_000 {
+            version_drift = sqlx::query_scalar(DATABASE_COLLATION_DRIFT)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(SourceError::new)?;
+        }
+        if let (Some(collation), Some(drift)) = (&collation, version_drift) {
+            return Err(SourceError::new(format!(
+                "the key column's collation {collation} has changed version since its indexes \
+                 were built ({drift}): they may hold the keys in an order the server no \
+                 longer compares in, and pages searched through them skip keys; REINDEX \
+                 what uses it, then record the version (ALTER COLLATION … REFRESH VERSION, \
+                 or for the database's default ALTER DATABASE … REFRESH COLLATION VERSION)"
             )));
         }
         Ok(KeyOrder {

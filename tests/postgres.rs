@@ -573,6 +573,105 @@ async fn a_pass_across_a_change_of_the_key_columns_collation_fails() {
     assert_eq!(guard.check("c"), Verdict::MaybePresent);
 }
 
+/// An upgrade of the library behind a collation (glibc 2.28 reordered most
+/// locales; ICU changes too) leaves the indexes built before it in the old
+/// order, which the server's comparisons no longer follow: PostgreSQL
+/// records the version each collation was built with and only warns. Made
+/// here by relabelling a key column and its primary key, built in "C" order
+/// (`B Z a c`), as under `collation` (`a B c Z`), and recording another
+/// version for it (`record_another_version`). The pages, read through the
+/// index, ended after `B` and `Z` (the index's search for `> 'Z'` found
+/// nothing), and the pass was taken as whole without `a` and `c`. Once the
+/// index is rebuilt and the version recorded (`refresh`), a pass reads all.
+async fn a_pass_over_an_index_in_another_version_of(
+    server: &PostgresServer,
+    database: &str,
+    collation: &str,
+    record_another_version: &str,
+    refresh: &str,
+) {
+    let pool = server.pool_on(database).await;
+    let relabel_as = format!("'{collation}'::regcollation");
+    execute(
+        &pool,
+        &[
+            "CREATE TABLE tags (name text COLLATE \"C\" PRIMARY KEY)",
+            "INSERT INTO tags VALUES ('B'), ('Z'), ('a'), ('c')",
+            &format!(
+                "UPDATE pg_attribute SET attcollation = {relabel_as} \
+                 WHERE attrelid IN ('tags'::regclass, 'tags_pkey'::regclass) AND attname = 'name'"
+            ),
+            &format!(
+                "UPDATE pg_index SET indcollation = ({relabel_as}::oid::text)::oidvector \
+                 WHERE indexrelid = 'tags_pkey'::regclass"
+            ),
+            record_another_version,
+            // Four rows: the pages use the index only where told to.
+            "ALTER ROLE postgres SET enable_seqscan = off",
+        ],
+    )
+    .await;
+    let guard = guard_from(PgSource::new(server.pool_on(database).await, "tags", "name").page(2));
+    match guard.rebuild().await {
+        Err(error) => assert!(
+            error.to_string().contains("recorded 1.0, now")
+                && error.to_string().contains("REINDEX"),
+            "{error}"
+        ),
+        Ok(report) => panic!(
+            "a pass read {} of the 4 keys and was taken as whole; a: {:?}",
+            report.keys,
+            guard.check("a")
+        ),
+    }
+    assert!(guard.is_warming());
+
+    execute(&pool, &["REINDEX TABLE tags", refresh]).await;
+    assert_eq!(guard.rebuild().await.unwrap().keys, 4);
+    assert_eq!(guard.check("a"), Verdict::MaybePresent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_under_a_collation_of_another_version_fail_the_pass() {
+    let server = PostgresServer::start();
+    execute(
+        &server.pool().await,
+        &["CREATE COLLATION linguistic (provider = icu, locale = 'und')"],
+    )
+    .await;
+    a_pass_over_an_index_in_another_version_of(
+        &server,
+        "postgres",
+        "linguistic",
+        "UPDATE pg_collation SET collversion = '1.0' WHERE collname = 'linguistic'",
+        "ALTER COLLATION linguistic REFRESH VERSION",
+    )
+    .await;
+}
+
+/// The same under the database's default collation, whose version
+/// PostgreSQL 15 and later record for the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_under_a_database_default_of_another_version_fail_the_pass() {
+    let server = PostgresServer::start();
+    execute(
+        &server.pool().await,
+        &[
+            "CREATE DATABASE linguistic TEMPLATE template0 LOCALE_PROVIDER icu \
+           ICU_LOCALE 'und' LOCALE 'C.UTF-8'",
+        ],
+    )
+    .await;
+    a_pass_over_an_index_in_another_version_of(
+        &server,
+        "linguistic",
+        "default",
+        "UPDATE pg_database SET datcollversion = '1.0' WHERE datname = current_database()",
+        "ALTER DATABASE linguistic REFRESH COLLATION VERSION",
+    )
+    .await;
+}
+
 /// `citext` orders case-insensitively, but `key > $1` with a text parameter
 /// compares as text: under the "C" collation, `'B' > 'a'` is false, so the
 /// page after `'a'` skipped `'B'`, which the guard then answered absent.

@@ -131,15 +131,24 @@ impl PostgresServer {
     }
 
     pub(crate) fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+        self.url_of("postgres")
+    }
+
+    fn url_of(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
     }
 
     /// A pool that gives up quickly while the server is away.
     pub(crate) async fn pool(&self) -> sqlx::PgPool {
+        self.pool_on("postgres").await
+    }
+
+    /// [`pool`](Self::pool) on another database of the server.
+    pub(crate) async fn pool_on(&self, database: &str) -> sqlx::PgPool {
         sqlx::postgres::PgPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(std::time::Duration::from_secs(2))
-            .connect(&self.url())
+            .connect(&self.url_of(database))
             .await
             .unwrap()
     }

@@ -47,7 +47,11 @@ pub struct KeyFn<F>(F);
 ///
 /// The closure answers for every request the layer wraps: return `None`
 /// for each one that is not a read of the item (other methods, other
-/// routes, deeper paths), or the guard answers 404 for them. An
+/// routes, deeper paths), or the guard answers 404 for them. The one below
+/// cannot tell `/items/{id}` from a static sibling route such as
+/// `/items/featured`: layer it on the item's route alone
+/// (`.route("/items/{id}", get(handler).layer(…))`), not on a router that
+/// holds both, or check axum's `MatchedPath` in the closure. An
 /// [`InsertLayer`](crate::InsertLayer) needs a closure of its own, one that
 /// keys the writes: the one below answers `None` for them, and an insert
 /// layer given it would insert nothing.
@@ -238,7 +242,9 @@ impl PathKey {
                     !segment.starts_with("{*"),
                     "route {template:?}: a wildcard's id spans segments, which PathKey does not key"
                 );
-                let is_parameter = segment.starts_with('{') && segment.ends_with('}');
+                let is_parameter = segment.starts_with('{')
+                    && !segment.starts_with("{{")
+                    && segment.ends_with('}');
                 (!is_parameter).then(|| segment.to_owned())
             })
             .collect();
@@ -361,7 +367,7 @@ impl PathKey {
         for segment in segments {
             let part = parts.next()?;
             match segment {
-                Some(literal) if literal == part => {}
+                Some(literal) if unescapes_to(literal, part) => {}
                 Some(_) => return None,
                 None if part.is_empty() => return None,
                 None => parameter = Some(part),
@@ -392,6 +398,22 @@ impl PathKey {
             }
         })
     }
+}
+
+/// Whether `literal`, a route's text, is `raw` once its `{{` and `}}`
+/// escapes are undone, as axum matches it (without allocating per request).
+fn unescapes_to(literal: &str, raw: &str) -> bool {
+    let mut raw = raw.chars();
+    let mut literal = literal.chars().peekable();
+    while let Some(c) = literal.next() {
+        if matches!(c, '{' | '}') && literal.peek() == Some(&c) {
+            literal.next();
+        }
+        if raw.next() != Some(c) {
+            return false;
+        }
+    }
+    raw.next().is_none()
 }
 
 /// The captures of a route as axum spells it: every `{` not part of a
@@ -805,6 +827,26 @@ mod tests {
     #[should_panic(expected = "wildcard")]
     fn a_wildcard_template_is_refused() {
         let _ = PathKey::route("/files/{*path}");
+    }
+
+    /// `{{v1}}` is literal text to axum: it was taken for the parameter,
+    /// and a legal route panicked with "has 2".
+    #[test]
+    fn an_escaped_brace_segment_is_literal_text() {
+        use super::HttpKey;
+        let key = PathKey::route("/{{v1}}/items/{id}");
+        let get = |path: &str| http::Request::get(path).body(()).unwrap();
+        assert_eq!(key.key(&get("/{v1}/items/42")).as_deref(), Some("42"));
+        assert_eq!(key.key(&get("/v1/items/42")), None);
+        assert!(key.is_route("/api/{{v1}}/items/{id}"));
+        assert!(super::unescapes_to("a{{b}}c", "a{b}c"));
+        assert!(!super::unescapes_to("a{{b}}c", "a{{b}}c"));
+    }
+
+    #[test]
+    #[should_panic(expected = "has 0")]
+    fn a_template_whose_only_braces_are_escaped_has_no_parameter() {
+        let _ = PathKey::route("/items/{{id}}");
     }
 
     #[test]

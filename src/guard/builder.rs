@@ -267,6 +267,7 @@ impl GuardBuilder {
                 in_fleet: std::sync::atomic::AtomicBool::new(false),
                 insert_clock: OnceLock::new(),
                 untimed_writes: AtomicUsize::new(0),
+                open_write_keys: Mutex::default(),
             }),
         };
         Ok(guard)

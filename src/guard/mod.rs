@@ -51,6 +51,8 @@ mod staleness;
 mod stats;
 mod writes;
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -166,6 +168,13 @@ struct Inner {
     insert_clock: OnceLock<InsertClock>,
     /// `PendingWrite`s open since before the insert clock started.
     untimed_writes: AtomicUsize,
+    /// On a rotating guard, the hashes of the keys of open `PendingWrite`s
+    /// (with how many of each): such a write may land in the store any time
+    /// before its drop, so every rotation writes them into the generation
+    /// it opens, or one open across `generations` rotations would be in no
+    /// filter the guard reads. A mutex taken twice a write, on rotating
+    /// guards only: the registry is empty between writes.
+    open_write_keys: Mutex<HashMap<u64, usize>>,
     /// The verifying half of the staleness check, taken by the maintenance task.
     verifier: Mutex<Option<Verifier>>,
     /// Set while the guard's set is shared with others (a fleet).
@@ -552,6 +561,10 @@ impl Guard {
         let hash = self.hash(key.as_ref());
         let writes = self.inner.live.writes();
         let counted = writes.enter();
+        // Before the load: a rotation that reads the registry before this
+        // published its set before the load too, so the insert below goes
+        // into that set's newest generation or a later one.
+        self.keep_in_rotations(hash);
         let live = self.inner.live.load();
         self.insert_into(&live, hash);
         let held = match &live.shadow {
@@ -666,18 +679,36 @@ impl Guard {
         }
     }
 
-    /// Writes the key of a [`PendingWrite`] that ends into a rotating
-    /// guard's newest generation again: its write is in the store from now
-    /// on, so its window counts from here. Two rotations while it was open
-    /// dropped the generation `begin_write` wrote to.
-    pub(crate) fn renew_when_written(&self, hash: u64) {
+    /// On a rotating guard, writes the key of a [`PendingWrite`] being
+    /// made into every generation a rotation opens until
+    /// [`renew_when_written`](Self::renew_when_written).
+    fn keep_in_rotations(&self, hash: u64) {
         if matches!(self.inner.lifecycle, Lifecycle::Rotate { .. }) {
-            let live = self.inner.live.load();
-            if let Some(newest) = live.newest() {
-                newest.filter.insert_hashed(hash);
-                if !self.inner.live.is_current(&live) {
-                    self.follow_rotations(newest, hash);
-                }
+            *unpoisoned(self.inner.open_write_keys.lock())
+                .entry(hash)
+                .or_default() += 1;
+        }
+    }
+
+    /// Writes the key of a [`PendingWrite`] that ends into a rotating
+    /// guard's newest generation again, then lets rotations forget it: its
+    /// write is in the store from now on, so its window counts from here.
+    pub(crate) fn renew_when_written(&self, hash: u64) {
+        if !matches!(self.inner.lifecycle, Lifecycle::Rotate { .. }) {
+            return;
+        }
+        let live = self.inner.live.load();
+        if let Some(newest) = live.newest() {
+            newest.filter.insert_hashed(hash);
+            if !self.inner.live.is_current(&live) {
+                self.follow_rotations(newest, hash);
+            }
+        }
+        let mut open = unpoisoned(self.inner.open_write_keys.lock());
+        if let Entry::Occupied(mut writes) = open.entry(hash) {
+            *writes.get_mut() -= 1;
+            if *writes.get() == 0 {
+                writes.remove();
             }
         }
     }
@@ -957,6 +988,9 @@ impl Guard {
         let rate = self.first_filter_rate();
         let filter = self.new_filter(self.inner.expected_items, rate)?;
         self.inner.live.rotate(generations, due, || {
+            for &hash in unpoisoned(self.inner.open_write_keys.lock()).keys() {
+                filter.insert_hashed(hash);
+            }
             Generation::new(filter, self.inner.expected_items, rate)
         });
         Ok(())
@@ -1163,20 +1197,35 @@ mod tests {
     }
 
     /// A write held open (`begin_write`) while two rotations pass put its
-    /// key into a generation both dropped; the store holds the key once the
-    /// write ends, and its window counts from then, not from the begin.
+    /// key into a generation both dropped, and the write may land in the
+    /// store any time before its `PendingWrite` drops: the key answered
+    /// `Absent` from the second rotation until the drop. Its window counts
+    /// from the drop, not from the begin.
     #[test]
-    fn a_write_held_open_across_two_rotations_keeps_its_key_once_it_ends() {
+    fn a_write_held_open_across_rotations_keeps_its_key_while_open_and_after() {
         let guard = Guard::builder()
             .expected_items(1_000)
             .lifecycle(Lifecycle::rotate(2, Duration::from_secs(3600)))
             .build()
             .unwrap();
         let pending = guard.begin_write("slow");
-        guard.rotate().unwrap();
-        guard.rotate().unwrap();
+        let other = guard.begin_write("other");
+        drop(other);
+        for rotation in 1..=3 {
+            guard.rotate().unwrap();
+            assert_eq!(
+                guard.check("slow"),
+                Verdict::MaybePresent,
+                "rotation {rotation}, the write still open"
+            );
+        }
         drop(pending); // the write is in the store now
+        guard.rotate().unwrap();
         assert_eq!(guard.check("slow"), Verdict::MaybePresent);
+        guard.rotate().unwrap();
+        assert_eq!(guard.check("slow"), Verdict::Absent, "its window is over");
+        assert_eq!(guard.check("other"), Verdict::Absent, "ended long ago");
+        assert!(unpoisoned(guard.inner.open_write_keys.lock()).is_empty());
     }
 
     /// An insert that runs while the insert clock is being made finds no

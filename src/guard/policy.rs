@@ -26,7 +26,10 @@ pub enum Lifecycle {
     /// for it and sharing its set) or a staleness check waits for it to
     /// end, and the oldest keys stay present for as much longer. The
     /// write settle must be shorter than the window: a key could otherwise
-    /// leave before its write lands.
+    /// leave before its write lands. A write held open by a `PendingWrite`
+    /// keeps its key present all the while; on the other members of a
+    /// fleet, one held open longer than `(generations − 1) × period`
+    /// leaves their filters until its second append, at its end.
     ///
     /// `expected_items` is per generation, and each generation is sized for
     /// `false_positive_rate / generations`, so that the OR meets the target.

@@ -156,9 +156,11 @@ impl std::fmt::Debug for WriteTracker {
 /// timeout, then it fails with
 /// [`RebuildError::WritesStillOpen`](crate::RebuildError::WritesStillOpen)),
 /// so the key is in the rebuilt filter whether the scan sees the write or not.
-/// On a rotating guard the drop writes the key into the newest generation
-/// again: the key's window counts from the write landing, however many
-/// rotations passed while it was open.
+/// On a rotating guard, every rotation while it lives writes its key into
+/// the generation it opens (the write may land any time before the drop),
+/// and the drop writes the key into the newest generation again: the key's
+/// window counts from the write landing, however many rotations passed
+/// while it was open.
 ///
 /// Made by [`Guard::begin_write`](crate::Guard::begin_write); most code uses
 /// [`Guard::insert_then_write`](crate::Guard::insert_then_write) instead. It

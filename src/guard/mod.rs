@@ -1228,6 +1228,51 @@ mod tests {
         assert!(unpoisoned(guard.inner.open_write_keys.lock()).is_empty());
     }
 
+    /// Writes begun while another thread rotates keep their keys in every
+    /// set published while they are open, whichever rotation each begin
+    /// raced (the registry is read under the swap lock, the write's set
+    /// loaded after it registers). Each write stays open across three
+    /// rotations, checked after each.
+    #[test]
+    fn writes_begun_during_rotations_stay_present_while_open() {
+        let guard = Guard::builder()
+            .expected_items(1_000)
+            .seed(11)
+            .lifecycle(Lifecycle::rotate(2, Duration::from_secs(3600)))
+            .build()
+            .unwrap();
+        let rotations = AtomicUsize::new(0);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let mut absent_while_open = Vec::new();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Acquire) {
+                    guard.rotate().unwrap();
+                    rotations.fetch_add(1, Ordering::Release);
+                }
+            });
+            for write in 0..300 {
+                let key = format!("open:{write}");
+                let pending = guard.begin_write(&key);
+                let begun = rotations.load(Ordering::Acquire);
+                let mut seen = begun;
+                while seen < begun + 3 {
+                    let now = rotations.load(Ordering::Acquire);
+                    if now > seen {
+                        seen = now;
+                        if guard.check(&key) == Verdict::Absent {
+                            absent_while_open.push(key.clone());
+                        }
+                    }
+                    std::thread::yield_now();
+                }
+                drop(pending);
+            }
+            stop.store(true, Ordering::Release);
+        });
+        assert!(absent_while_open.is_empty(), "{absent_while_open:?}");
+    }
+
     /// An insert that runs while the insert clock is being made finds no
     /// clock and stamps nothing, yet comes after the clock's start: a read
     /// asked up to the write settle after it may miss its write, and the

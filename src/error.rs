@@ -371,6 +371,10 @@ pub enum FleetError {
     /// [`FleetWrite::finish`](crate::redis::fleet::FleetWrite::finish), the
     /// second append was not: see there.
     EntryLost,
+    /// The fleet's name is empty or holds a brace: it is the Redis hash
+    /// tag of every key of the fleet (`{name}:inserts`), which Redis
+    /// Cluster needs whole to keep them in one slot.
+    InvalidName(String),
     /// The guard follows a fleet already, through this member or another
     /// one: a guard has one member at a time (the first one's
     /// [`FleetHandle::shutdown`](crate::redis::fleet::FleetHandle::shutdown)
@@ -436,6 +440,11 @@ impl fmt::Display for FleetError {
             Self::EntryLost => f.write_str(
                 "Redis began a new fleet record (a data loss, restart, failover or clock step) \
                  while the fleet applied the insert: not acknowledged",
+            ),
+            Self::InvalidName(name) => write!(
+                f,
+                "fleet name {name:?} cannot tag the fleet's Redis keys: give a name that is \
+                 not empty and holds no '{{' or '}}'"
             ),
             Self::AlreadyJoined => {
                 f.write_str("the guard follows a fleet already: one member per guard at a time")

@@ -289,6 +289,8 @@ impl FleetRedis {
 
 /// The Redis keys of one fleet, all under the hash tag `{name}`.
 struct Keys {
+    /// The fleet's name, the hash tag of every key below.
+    name: String,
     stream: String,
     /// The newest entry trimmed from the stream.
     trimmed: String,
@@ -315,6 +317,7 @@ impl Keys {
     fn new(name: &str) -> Self {
         let key = |suffix: &str| format!("{{{name}}}:{suffix}");
         Self {
+            name: name.to_owned(),
             stream: key("inserts"),
             trimmed: key("inserts:trimmed"),
             leases: key("leases"),
@@ -800,7 +803,8 @@ impl FleetSync {
     /// nothing keeps it up to date any more.
     ///
     /// # Errors
-    /// [`FleetError::AlreadyJoined`] while a member (this one or another)
+    /// [`FleetError::InvalidName`] for a name that is empty or holds a
+    /// brace; [`FleetError::AlreadyJoined`] while a member (this one or another)
     /// follows a fleet for the guard; [`FleetError::SettingsDiffer`];
     /// [`FleetError::LeaseWatchNotStarted`]; Redis errors. The guard stays fenced, answering `MaybePresent`, until a
     /// join succeeds: it cannot show it holds the fleet's writes. Dropping
@@ -832,6 +836,13 @@ impl FleetSync {
         &self,
         shutdown: Option<&CancellationToken>,
     ) -> Result<FleetHandle, FleetError> {
+        // An empty tag (`{}`, or a name that ends it early) makes Redis
+        // Cluster hash each whole key: the fleet's scripts, which take
+        // several keys, would all fail with CROSSSLOT.
+        let name = &self.inner.keys.name;
+        if name.is_empty() || name.contains(['{', '}']) {
+            return Err(FleetError::InvalidName(name.clone()));
+        }
         if !self.inner.guard.claim_for_fleet() {
             return Err(FleetError::AlreadyJoined);
         }
@@ -1419,6 +1430,24 @@ async fn off_the_member_task<T: Send + 'static>(
 mod tests {
     use super::*;
     use stream::ReadBegun;
+
+    /// Every key of a fleet carries its name as a Redis hash tag; an empty
+    /// one (an empty name, or one whose `}` ends the tag at once) leaves
+    /// Redis Cluster to hash each whole key, and every script of the fleet
+    /// failed with CROSSSLOT: the fleet never worked, without saying why.
+    #[tokio::test]
+    async fn a_name_that_makes_no_hash_tag_is_refused_at_join() {
+        for name in ["", "}items", "items{eu}", "a}b"] {
+            let guard = Guard::builder().expected_items(1_000).build().unwrap();
+            let client = Client::open("redis://127.0.0.1:1/").unwrap();
+            let member = FleetSync::builder(guard.clone(), client, name).build();
+            match member.join().await {
+                Err(FleetError::InvalidName(refused)) => assert_eq!(refused, name),
+                other => panic!("{name:?}: {other:?}"),
+            }
+            assert!(guard.is_fenced(), "a fleet member until it joins");
+        }
+    }
 
     /// The acknowledgement timeout is 3 leases unless told, whichever
     /// lease is set, and in whichever order.

@@ -544,10 +544,10 @@ impl FleetSync {
             Ok::<_, FleetError>(read.last)
         };
         let Ok(last) = last.await else { return false };
-        let position_before = {
+        let (position_before, moved_to) = {
             let mut state = self.state();
             let moved_to = last.max(state.position);
-            std::mem::replace(&mut state.position, moved_to)
+            (std::mem::replace(&mut state.position, moved_to), moved_to)
         };
         match self.inner.guard.rebuild().await {
             Ok(_) => {
@@ -555,12 +555,17 @@ impl FleetSync {
                 self.state().fresh_in = None;
                 true
             }
-            Err(RebuildError::NoSource) => {
-                self.state().position = position_before;
-                false
-            }
+            // The guard holds what it held before: so does its position,
+            // unless something else moved it meanwhile (a snapshot adopted).
             Err(error) => {
-                tracing::warn!(%error, "rebuild while recovering failed; retrying");
+                let mut state = self.state();
+                if state.position == moved_to {
+                    state.position = position_before;
+                }
+                drop(state);
+                if !matches!(error, RebuildError::NoSource) {
+                    tracing::warn!(%error, "rebuild while recovering failed; retrying");
+                }
                 false
             }
         }

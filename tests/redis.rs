@@ -590,6 +590,51 @@ async fn a_role_that_cannot_be_read_fails_the_pass_where_info_is_denied() {
     }
 }
 
+/// Valkey 8 names the mode `server_mode` (`redis_mode` only with its
+/// `extended-redis-compatibility`): one master of a Valkey cluster, its
+/// `INFO` allowed, was read as a plain node without asking `CLUSTER NODES`,
+/// and its pass, a third of the keys, ended whole. So was any compatible
+/// server whose `INFO` names no mode. `CLUSTER NODES` is now asked of every
+/// plain node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_master_of_a_cluster_whose_info_names_no_redis_mode_fails_the_pass() {
+    let one_of_three = bulk(
+        "07c37dfeb235213a872192d90877d0cd55635b91 127.0.0.1:30004@31004 myself,master - 0 0 1 \
+         connected 0-5460\n",
+    );
+    for mode in ["server_mode:cluster\r\n", ""] {
+        let info = bulk(&format!(
+            "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\n{mode}\
+             run_id:2f0ba4a7d0f1e1c0a41e2b0c5d9b8e7f6a5c4d3b\r\n# Replication\r\nrole:master\r\n\
+             master_replid:8c3b7a1d2e4f6a8b0c1d3e5f7a9b1c2d3e4f5a6b\r\n# Commandstats\r\n\
+             cmdstat_info:calls=1,usec=10,usec_per_call=10.00\r\n"
+        ));
+        match pass_over(&info, MASTER, &one_of_three).await {
+            Err(error) => assert!(
+                error.to_string().contains("use RedisSource::cluster"),
+                "{error}"
+            ),
+            Ok(keys) => {
+                panic!("{mode:?}: a pass over one master of three ended whole, {keys} key(s)")
+            }
+        }
+    }
+}
+
+/// A role other than a master's or a replica's (KeyDB's `active-replica`,
+/// which takes writes and replicates its peer's) was read as a master's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_role_is_not_a_masters_fails_the_pass() {
+    let info = bulk(
+        "# Server\r\nrun_id:2f0ba4a7d0f1e1c0a41e2b0c5d9b8e7f6a5c4d3b\r\n# Replication\r\n\
+         role:active-replica\r\n",
+    );
+    match pass_over(&info, MASTER, NO_CLUSTER).await {
+        Err(error) => assert!(error.to_string().contains("\"active-replica\""), "{error}"),
+        Ok(keys) => panic!("a pass over an active replica ended whole, {keys} key(s)"),
+    }
+}
+
 const INFO_DENIED: &str = "-NOPERM this user has no permissions to run the 'info' command\r\n";
 const MASTER: &str = "*3\r\n$6\r\nmaster\r\n:0\r\n*0\r\n";
 const NO_CLUSTER: &str = "-ERR This instance has cluster support disabled\r\n";

@@ -290,10 +290,11 @@ impl Connection {
 /// one on a single node of a Redis Cluster reached as a plain Redis (its
 /// `SCAN` lists that node's slots only: use [`RedisSource::cluster`]; a
 /// cluster of one master serving every slot is read whole).
-/// Where `INFO` is denied (or answers without a run id, as some proxies
-/// do: read "denied" below for that too), `ROLE` and `CLUSTER NODES` are
-/// asked instead; where those are denied too, a replica or a cluster node
-/// is not noticed.
+/// `CLUSTER NODES` is asked of every plain node, whatever its `INFO` says
+/// of its mode (Valkey names it `server_mode`). Where `INFO` is denied (or
+/// answers without a run id, as some proxies do: read "denied" below for
+/// that too), `ROLE` is asked instead; where `ROLE` and `CLUSTER NODES`
+/// are denied too, a replica or a cluster node is not noticed.
 /// On a plain Redis each pass runs on a connection of its own that does not
 /// reconnect, so a restart that drops it fails the pass without `INFO` too
 /// (one behind a TCP proxy or a virtual address, which keeps the client's
@@ -512,9 +513,9 @@ impl RedisSource {
         let info = redis::cmd("INFO");
         // Where INFO is denied (an ACL) or has no run id (a proxy) on a
         // plain node, a restart goes unnoticed here (the pass's own
-        // connection fails instead); `ROLE` and `CLUSTER NODES` are asked
-        // instead whether the node is a replica or one of a cluster. On a
-        // cluster the pass fails.
+        // connection fails instead); `ROLE` is asked instead whether the
+        // node is a replica (`CLUSTER NODES`, whether it is one of a
+        // cluster, always is). On a cluster the pass fails.
         // Read as a plain value: `INFO` can hold text that is not UTF-8 (an
         // error code a script made up, in its error stats), which must not
         // read as a refusal, and over RESP3 it is a verbatim string. Only a
@@ -559,6 +560,14 @@ impl RedisSource {
                  point the RedisSource at the master"
             }));
         }
+        // Any other role but a master's (KeyDB's `active-replica`, which
+        // takes writes and replicates its peer's) may lack writes too.
+        if let Some(role) = role.as_deref().filter(|role| *role != "master") {
+            return Err(not_trusted(format!(
+                "the source reads a node whose role is {role:?}, not a master's: it may lack \
+                 writes another node took; point the RedisSource at a master"
+            )));
+        }
         // Each promotion makes a new replication id: a failover and a
         // failback leave the run id as it was. It also changes, once, when
         // a master without replicas frees its backlog (`repl-backlog-ttl`)
@@ -575,23 +584,18 @@ impl RedisSource {
             field("run_id").unwrap_or_default(),
             field("master_replid").unwrap_or_default()
         );
-        // A cluster of one master read as a plain Redis too: keys can move
-        // to a node added meanwhile, and back.
-        let clustered = node.is_some() || field("redis_mode") == Some("cluster");
-        if info.is_some() && clustered {
-            process.push(' ');
-            process.push_str(&self.keys_taken_in(live, node).await?);
-        }
         let mut nodes = redis::cmd("CLUSTER");
         nodes.arg("NODES");
-        let nodes: Option<String> = if clustered {
+        let nodes: Option<String> = if node.is_some() {
             Some(self.query_on(live, node, &nodes).await?)
-        } else if denied {
-            // Refused on a plain Redis ("cluster support disabled"), or
-            // denied: either way nothing to check. One that may answer
-            // when asked again (a timeout, `LOADING`) fails the pass: the
-            // node may be one of a cluster, whose `SCAN` lists its own
-            // slots only.
+        } else {
+            // Asked of every plain node, whatever `INFO` says of its mode:
+            // Valkey 8 names it `server_mode`, and other compatible servers
+            // not at all. Refused on a plain Redis ("cluster support
+            // disabled"), or denied: either way nothing to check. One that
+            // may answer when asked again (a timeout, `LOADING`) fails the
+            // pass: the node may be one of a cluster, whose `SCAN` lists
+            // its own slots only.
             match self.query_on(live, node, &nodes).await {
                 Ok(nodes) => Some(nodes),
                 Err(error) if may_answer_later(&error) => return Err(error),
@@ -600,9 +604,13 @@ impl RedisSource {
                     None
                 }
             }
-        } else {
-            None
         };
+        // A cluster of one master read as a plain Redis too: keys can move
+        // to a node added meanwhile, and back.
+        if info.is_some() && nodes.is_some() {
+            process.push(' ');
+            process.push_str(&self.keys_taken_in(live, node).await?);
+        }
         if let Some(nodes) = nodes {
             let myself = nodes.lines().find(|line| {
                 line.split(' ')
@@ -797,6 +805,13 @@ impl RedisSource {
                 "{served} of the cluster's {CLUSTER_SLOTS} slots are served by a master the \
                  node asked knows of (a failover in progress?); the rebuild is retried"
             )));
+        }
+        // Each master left out above (an address that does not parse) is
+        // caught by the masters' own lines, which need one planned master.
+        if masters.is_empty() {
+            return Err(not_trusted(
+                "CLUSTER NODES lists no master the pass can reach by its address",
+            ));
         }
         masters.sort_by(|a, b| a.1.cmp(&b.1));
         let fingerprint = masters
@@ -1435,7 +1450,7 @@ impl fmt::Debug for RedisLoader {
 mod tests {
     use super::{glob_admits_prefix, may_answer_later, serve_every_slot_once};
 
-    /// Where `INFO` is denied, a failed `CLUSTER NODES` or `ROLE` reads as
+    /// A failed `CLUSTER NODES` (or, where `INFO` is denied, `ROLE`) reads as
     /// "not a cluster", "not a replica" only where the server said it does
     /// not run the command; one that may answer when asked again (a node
     /// loading, busy, a connection cut) fails the pass, since the node may

@@ -552,6 +552,10 @@ impl Guard {
                 writes.exit(counted);
             }
         }
+        // Last, as a rebuild counts the write settle from the exit above:
+        // a thread preempted before it would otherwise leave a stamp older
+        // than the settle the loader's confirmed-absent cache allows.
+        self.stamp_insert(hash);
     }
 
     /// [`insert`](Self::insert) for a write that may take a while: the
@@ -567,6 +571,7 @@ impl Guard {
         self.keep_in_rotations(hash);
         let live = self.inner.live.load();
         self.insert_into(&live, hash);
+        self.stamp_insert(hash);
         let held = match &live.shadow {
             Some(shadow) => {
                 // The key is in the filter being built: that build does not
@@ -654,7 +659,6 @@ impl Guard {
         if let Some(shadow) = &live.shadow {
             shadow.generation.filter.insert_hashed(hash);
         }
-        self.stamp_insert(hash);
         self.inner.counters.add(Counter::Inserts as usize, 1);
     }
 

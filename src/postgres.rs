@@ -42,13 +42,43 @@ fn quoted(name: &str) -> String {
 const ON_A_STANDBY: &str = "the source reads a standby, which may lack writes its primary \
      took: give the PgSource a pool on the primary";
 
-/// Where the database's default collation is at another version than the
-/// one recorded for the database (its indexes were built under that one):
-/// both, or `NULL`. PostgreSQL 15 and later record it.
-const DATABASE_COLLATION_DRIFT: &str = "SELECT (SELECT format('recorded %s, now %s', \
-     datcollversion, coalesce(pg_database_collation_actual_version(oid), 'none')) \
-     FROM pg_database WHERE datname = current_database() AND datcollversion IS NOT NULL \
-     AND datcollversion IS DISTINCT FROM pg_database_collation_actual_version(oid))";
+/// Where the key's collation is the database's default and at another
+/// version than the one recorded for the database (its indexes were built
+/// under that one): both, or `NULL`. PostgreSQL 15 and later record it.
+const DATABASE_COLLATION_DRIFT: &str = "(SELECT format('recorded %s, now %s', datcollversion, \
+     coalesce(pg_database_collation_actual_version(d.oid), 'none')) \
+     FROM pg_database d, found WHERE found.collprovider = 'd' \
+     AND d.datname = current_database() AND d.datcollversion IS NOT NULL \
+     AND d.datcollversion IS DISTINCT FROM pg_database_collation_actual_version(d.oid))";
+
+/// The statement behind [`KeyOrder`], over `key` of `relation`, with
+/// `database_drift` for the database's default collation.
+fn key_check(relation: &str, key: &str, database_drift: &str) -> String {
+    format!(
+        "WITH RECURSIVE one AS (SELECT {key} AS key FROM {relation} LIMIT 1), \
+         base(oid, over) AS (SELECT t.oid, t.typbasetype FROM one, pg_type t \
+          WHERE t.oid = pg_typeof(one.key) \
+          UNION ALL SELECT t.oid, t.typbasetype FROM base, pg_type t \
+          WHERE t.oid = base.over), \
+         key_collation AS (SELECT CASE WHEN t.typcollation <> 0 \
+          THEN pg_collation_for(one.key) COLLATE \"C\" END AS name \
+          FROM one, pg_type t WHERE t.oid = pg_typeof(one.key)), \
+         found AS (SELECT c.oid, c.collprovider, c.collisdeterministic, c.collversion \
+          FROM key_collation, pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace \
+          WHERE key_collation.name COLLATE \"C\" IN \
+          (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname))) \
+         SELECT (SELECT format_type(oid, NULL) FROM base WHERE over = 0), \
+         (SELECT bool_and(collisdeterministic) FROM found), \
+         (SELECT name FROM key_collation), (SELECT string_agg(oid::text, ',') FROM found), \
+         coalesce((SELECT string_agg(format('recorded %s, now %s', collversion, \
+          coalesce(pg_collation_actual_version(oid), 'none')), '; ') FROM found \
+          WHERE collversion IS DISTINCT FROM pg_collation_actual_version(oid) \
+          AND collversion IS NOT NULL), {database_drift}), \
+         pg_is_in_recovery(), \
+         extract(epoch FROM pg_postmaster_start_time())::text || ' ' || \
+         coalesce(extract(epoch FROM (SELECT stats_reset FROM pg_stat_archiver))::text, '')"
+    )
+}
 
 /// Turns a stored key into the bytes the guard holds.
 type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
@@ -59,10 +89,17 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 /// page in memory. The key column must be `text` or `varchar` (or a domain
 /// over one) under a deterministic collation: a pass over keys that compare
 /// equal by case or accent, or over `citext` or `char(n)`, fails. It should
-/// be indexed (a primary key is). A pass fails as well where the
-/// collation's library changed version since the indexes were built (an
-/// upgrade of glibc or ICU, of which PostgreSQL only warns): an index in
-/// the old order makes the pages skip keys. A pass on a standby fails too:
+/// be indexed (a primary key is). Each page checks how the keys compare,
+/// and the pass fails where a page found another type or collation than
+/// the first (a migration during the pass, even one undone before its end).
+/// A pass fails as well where the collation's library changed version
+/// since the indexes were built (an upgrade of glibc or ICU, of which
+/// PostgreSQL only warns): an index in the old order makes the pages skip
+/// keys. PostgreSQL records that version for a collation object (ICU ones
+/// from version 10, libc ones from 13), but for the database's default
+/// only from 15: before 15, check the key's index after an upgrade of the
+/// operating system's C library (amcheck's `bt_index_check`) or `REINDEX`
+/// it. A pass on a standby fails too:
 /// it may lack writes its primary took, for longer than any write settle (each page is
 /// checked, as a router balancing reads may send any page to one). A
 /// logical replica (a subscriber) is not in recovery and is not noticed:
@@ -73,7 +110,11 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 /// policy, one that hides nothing too), the pass fails rather than list
 /// only the rows the policy shows it. Give the source a role no policy
 /// applies to: one with `BYPASSRLS`, or the table's owner unless the table
-/// forces row-level security.
+/// forces row-level security. sqlx prepares its statements and runs them
+/// again by name: behind a pooler in transaction mode, that needs one that
+/// keeps prepared statements per client (PgBouncer 1.21 or later with
+/// `max_prepared_statements` set), or another client's statement of the
+/// same name may run in its place (for the loader too).
 /// PostgreSQL 12 or later.
 ///
 /// A pass runs where the guard rebuilds: its maintenance task, a fleet
@@ -111,10 +152,12 @@ pub struct PgSource {
     first_page: String,
     /// The same, `… WHERE key > $1 ORDER BY key LIMIT $2`.
     next_page: String,
-    /// The keys' type (a domain's base type), whether their collation is
-    /// deterministic, and its name (`NULL`s: no rows; the last two also
-    /// for a type without collations).
+    /// How the keys compare and which server answers (see `KeyOrder`), run
+    /// in each page's transaction after the page: on PostgreSQL 15 and
+    /// later, and before it (which records no version for the database's
+    /// default collation).
     key_check: String,
+    key_check_before_15: String,
     page: i64,
     map_key: Option<KeyMap>,
 }
@@ -180,46 +223,23 @@ impl PgSource {
             ),
             // The type under every domain (a domain may be over another),
             // and the collation by name, as `pg_collation_for` spells it
-            // (quoted, and qualified when not on the search path):
+            // (quoted, and qualified when not on the search path), and by
+            // oid (one dropped and made again under its name is another):
             // `regcollation` needs PostgreSQL 13. `pg_collation_for` fails
             // on a type without collations (an `int` column), whose own
-            // error would hide the one below.
-            // Its recorded version against the one its library now gives
-            // (as PostgreSQL's own warning compares them; the database's
-            // default is recorded for the database, see
-            // `DATABASE_COLLATION_DRIFT`), and the server's version.
+            // error would hide the one below. The collation's recorded
+            // version against the one its library now gives, as
+            // PostgreSQL's own warning compares them (for the database's
+            // default, the database's, from PostgreSQL 15).
             // With it, whether the server is a standby (a router may send
             // this statement elsewhere than the pages), and when it started
             // and last ran crash recovery (which resets the shared stats,
             // and their `stats_reset`, while the postmaster stays): a pass
-            // whose ends saw two runs (a restart or a crash that lost
+            // whose pages saw two runs (a restart or a crash that lost
             // commits, a failover) may find a row deleted in the first back
             // in the second, among keys already read.
-            key_check: format!(
-                "WITH RECURSIVE one AS (SELECT {key} AS key FROM {relation} LIMIT 1), \
-                 base(oid, over) AS (SELECT t.oid, t.typbasetype FROM one, pg_type t \
-                  WHERE t.oid = pg_typeof(one.key) \
-                  UNION ALL SELECT t.oid, t.typbasetype FROM base, pg_type t \
-                  WHERE t.oid = base.over), \
-                 key_collation AS (SELECT CASE WHEN t.typcollation <> 0 \
-                  THEN pg_collation_for(one.key) COLLATE \"C\" END AS name \
-                  FROM one, pg_type t WHERE t.oid = pg_typeof(one.key)), \
-                 found AS (SELECT c.oid, c.collprovider, c.collisdeterministic, c.collversion \
-                  FROM key_collation, pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace \
-                  WHERE key_collation.name COLLATE \"C\" IN \
-                  (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname))) \
-                 SELECT (SELECT format_type(oid, NULL) FROM base WHERE over = 0), \
-                 (SELECT bool_and(collisdeterministic) FROM found), \
-                 (SELECT name FROM key_collation), \
-                 (SELECT string_agg(format('recorded %s, now %s', collversion, \
-                  coalesce(pg_collation_actual_version(oid), 'none')), '; ') FROM found \
-                  WHERE collversion IS DISTINCT FROM pg_collation_actual_version(oid) \
-                  AND collversion IS NOT NULL), \
-                 (SELECT bool_or(collprovider = 'd') FROM found), \
-                 current_setting('server_version_num')::int, pg_is_in_recovery(), \
-                 extract(epoch FROM pg_postmaster_start_time())::text || ' ' || \
-                 coalesce(extract(epoch FROM (SELECT stats_reset FROM pg_stat_archiver))::text, '')"
-            ),
+            key_check: key_check(relation, key, DATABASE_COLLATION_DRIFT),
+            key_check_before_15: key_check(relation, key, "NULL"),
             page: Self::DEFAULT_PAGE,
             map_key: None,
         }
@@ -247,52 +267,102 @@ impl PgSource {
         self
     }
 
-    /// The page of keys after `last`; fails where a standby read it: it
-    /// replays its primary's writes asynchronously, and may lack one for
-    /// longer than any write settle.
-    async fn page_after(&self, last: Option<&str>) -> Result<Vec<String>, SourceError> {
+    /// The page of keys after `last`, and how the keys compared as it was
+    /// read ([`KeyOrder`], after it in the same transaction: the page's lock
+    /// on the relation keeps a migration from running in between); fails
+    /// where a standby read it (it replays its primary's writes
+    /// asynchronously, and may lack one for longer than any write settle),
+    /// or where the keys do not compare byte for byte (see `KeyOrder`).
+    ///
+    /// Both run in a transaction of their own under `row_security = off`:
+    /// where a row-level security policy applies to the source's role,
+    /// PostgreSQL fails the statement rather than leave out the rows the
+    /// policy hides, which a loader under another role reads.
+    async fn page_after(&self, last: Option<&str>) -> Result<(Vec<String>, KeyOrder), SourceError> {
         let page = match last {
             None => sqlx::query_as(&self.first_page).bind(self.page),
             Some(last) => sqlx::query_as(&self.next_page).bind(last).bind(self.page),
         };
-        let (standby, keys): (bool, Vec<String>) = self.fetch_unfiltered(page).await?;
+        // One round trip for both (a simple query may hold two statements).
+        let mut transaction = self
+            .pool
+            .begin_with("BEGIN; SET LOCAL row_security = off")
+            .await
+            .map_err(SourceError::new)?;
+        let key_check = match transaction.server_version_num() {
+            Some(version) if version < 150_000 => &self.key_check_before_15,
+            _ => &self.key_check,
+        };
+        let (standby, keys): (bool, Vec<String>) = page
+            .fetch_one(&mut *transaction)
+            .await
+            .map_err(unfiltered_error)?;
+        let check: KeyCheck = sqlx::query_as(key_check)
+            .fetch_one(&mut *transaction)
+            .await
+            .map_err(unfiltered_error)?;
+        transaction.commit().await.map_err(SourceError::new)?;
         if standby {
             return Err(SourceError::new(ON_A_STANDBY));
         }
-        Ok(keys)
+        Ok((keys, KeyOrder::from_check(check)?))
     }
+}
 
-    /// How the keys compare; fails unless byte for byte: text or varchar
-    /// under a deterministic collation. Under one that ignores case or
+/// A failed statement of a pass, saying what to do where a row-level
+/// security policy refused it.
+fn unfiltered_error(error: sqlx::Error) -> SourceError {
+    match error.as_database_error() {
+        Some(database) if database.message().contains("row-level security") => {
+            SourceError::new(format!(
+                "{}: a pass would leave out the rows a policy hides from the source's role; \
+                 give the source a role no policy applies to (one with BYPASSRLS, or the \
+                 table's owner unless the table forces row-level security)",
+                database.message()
+            ))
+        }
+        _ => SourceError::new(error),
+    }
+}
+
+/// The key check's row: the keys' type (a domain's base type), whether
+/// their collation is deterministic, its name and oids, how its version
+/// drifted (`NULL`s: no rows; all but the type also for a type without
+/// collations), whether a standby answered, and when the server started.
+type KeyCheck = (
+    Option<String>,
+    Option<bool>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    bool,
+    String,
+);
+
+/// How a page found the keys to compare: their type and collation (`None`
+/// where the relation had no row), and when the server it read started.
+#[derive(Clone, Debug, PartialEq)]
+struct KeyOrder {
+    key_type: Option<String>,
+    /// The name, as `pg_collation_for` spells it, and the oids it names.
+    collation: Option<(String, Option<String>)>,
+    /// `pg_postmaster_start_time()` and the archiver's `stats_reset`
+    /// (crash recovery resets it), in seconds since the epoch.
+    server_started: String,
+}
+
+impl KeyOrder {
+    /// The order the check found; fails unless the keys compare byte for
+    /// byte: text or varchar under a deterministic collation, at the version
+    /// its indexes were built under. Under one that ignores case or
     /// accents, `'a'` equals `'A'`, and a page ending at `'A'` goes on with
     /// `key > 'A'`, past `'a'`; `citext` orders without case but compares
     /// with a text parameter as text, so under "C" the page after `'a'`
     /// skips `'B'`; `char(n)` pads its keys. (The store's `= $1` would also
     /// find `'A'` for `'a'`, which the guard, holding bytes, answers absent.)
-    /// One short statement at each end of a pass.
-    async fn key_order(&self) -> Result<KeyOrder, SourceError> {
-        type KeyCheck = (
-            Option<String>,
-            Option<bool>,
-            Option<String>,
-            Option<String>,
-            Option<bool>,
-            i32,
-            bool,
-            String,
-        );
-        let (
-            key_type,
-            deterministic,
-            collation,
-            mut version_drift,
-            database_default,
-            server_version,
-            standby,
-            server_started,
-        ): KeyCheck = self
-            .fetch_unfiltered(sqlx::query_as(&self.key_check))
-            .await?;
+    fn from_check(check: KeyCheck) -> Result<Self, SourceError> {
+        let (key_type, deterministic, collation, oids, version_drift, standby, server_started) =
+            check;
         if standby {
             return Err(SourceError::new(ON_A_STANDBY));
         }
@@ -320,12 +390,6 @@ impl PgSource {
                  cannot tell whether it compares keys byte for byte"
             )));
         }
-        if database_default == Some(true) && server_version >= 150_000 {
-            version_drift = sqlx::query_scalar(DATABASE_COLLATION_DRIFT)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(SourceError::new)?;
-        }
         if let (Some(collation), Some(drift)) = (&collation, version_drift) {
             return Err(SourceError::new(format!(
                 "the key column's collation {collation} has changed version since its indexes \
@@ -335,67 +399,18 @@ impl PgSource {
                  or for the database's default ALTER DATABASE … REFRESH COLLATION VERSION)"
             )));
         }
-        Ok(KeyOrder {
+        Ok(Self {
             key_type,
-            collation,
+            collation: collation.map(|name| (name, oids)),
             server_started,
         })
     }
 
-    /// `query`'s one row, read in a transaction of its own under
-    /// `row_security = off`: where a row-level security policy applies to
-    /// the source's role, PostgreSQL fails the statement rather than leave
-    /// out the rows the policy hides, which a loader under another role
-    /// reads.
-    async fn fetch_unfiltered<T>(
-        &self,
-        query: sqlx::query::QueryAs<'_, Postgres, T, sqlx::postgres::PgArguments>,
-    ) -> Result<T, SourceError>
-    where
-        T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
-    {
-        // One round trip for both (a simple query may hold two statements).
-        let mut transaction = self
-            .pool
-            .begin_with("BEGIN; SET LOCAL row_security = off")
-            .await
-            .map_err(SourceError::new)?;
-        let row = query.fetch_one(&mut *transaction).await.map_err(|error| {
-            match error.as_database_error() {
-                Some(database) if database.message().contains("row-level security") => {
-                    SourceError::new(format!(
-                        "{}: a pass would leave out the rows a policy hides from the \
-                         source's role; give the source a role no policy applies to (one \
-                         with BYPASSRLS, or the table's owner unless the table forces \
-                         row-level security)",
-                        database.message()
-                    ))
-                }
-                _ => SourceError::new(error),
-            }
-        })?;
-        transaction.commit().await.map_err(SourceError::new)?;
-        Ok(row)
-    }
-}
-
-/// How a pass found the keys to compare: their type and collation (`None`
-/// where the relation had no row), and when the server it read started.
-#[derive(Clone, Debug)]
-struct KeyOrder {
-    key_type: Option<String>,
-    collation: Option<String>,
-    /// `pg_postmaster_start_time()` and the archiver's `stats_reset`
-    /// (crash recovery resets it), in seconds since the epoch.
-    server_started: String,
-}
-
-impl KeyOrder {
     /// Why the pass that began with `start` cannot be trusted whole, if it
     /// cannot: the server restarted (or another took its place), or, where
-    /// both ends saw rows, a migration during the pass (another collation)
-    /// left the pages before and after it in two orders, and the page after
-    /// a key can skip keys that sorted after it before.
+    /// both pages saw rows, a migration (another type or collation, even
+    /// one undone before the pass ended) left pages in two orders, and the
+    /// page after a key can skip keys that sorted after it before.
     fn change_since(&self, start: &KeyOrder) -> Option<String> {
         if self.server_started != start.server_started {
             return Some(
@@ -405,46 +420,48 @@ impl KeyOrder {
                     .to_owned(),
             );
         }
-        let changed = |before: &Option<String>, now: &Option<String>| match (before, now) {
+        let changed = |before: Option<String>, now: Option<String>| match (before, now) {
             (Some(before), Some(now)) if before != now => Some(format!("{before} to {now}")),
             _ => None,
         };
-        let change = changed(&start.key_type, &self.key_type)
-            .or_else(|| changed(&start.collation, &self.collation))?;
+        let named = |order: &KeyOrder| {
+            let (name, oids) = order.collation.as_ref()?;
+            Some(format!(
+                "{name} ({})",
+                oids.as_deref().unwrap_or("not found")
+            ))
+        };
+        let change = changed(start.key_type.clone(), self.key_type.clone())
+            .or_else(|| changed(named(start), named(self)))?;
         Some(format!(
-            "the key column's type or collation changed during the pass ({change}): the \
-             pages before and after compared keys in two orders and may have skipped some; \
-             the next pass reads it whole"
+            "the key column's type or collation changed during the pass ({change}): pages \
+             compared keys in two orders and may have skipped some; the next pass reads it \
+             whole"
         ))
     }
 }
 
 impl KeySource for PgSource {
-    /// One pass, a page at a time, until a page comes back short.
+    /// One pass, a page at a time, until a page comes back short. Each
+    /// page's key check must find the keys compared as the first page's
+    /// did, on the same run of the server: a migration during the pass (a
+    /// column turned citext, another collation, even one undone before the
+    /// end) changes how the later pages compare, with no error, and so
+    /// does a restart between two pages the pool reconnected across.
     fn scan(&self) -> KeyStream<'_> {
         // `None`: done; else the key to read after (`None`: the first page)
-        // and how the keys compared when the pass began.
+        // and how the keys compared on the first page.
         let start = Some((None::<String>, None::<KeyOrder>));
         let pages = stream::try_unfold(start, move |state| async move {
             let Some((after, began)) = state else {
                 return Ok::<_, SourceError>(None); // past the last page
             };
-            let began = match began {
-                Some(began) => began,
-                None => self.key_order().await?,
-            };
-            let keys = self.page_after(after.as_deref()).await?;
-            let next = (keys.len() as i64 == self.page).then(|| keys.last().cloned());
-            if next.is_none() {
-                // Again at the end: a migration during the pass (a column
-                // turned citext, another collation) changes how the later
-                // pages compare, with no error, and so does a restart
-                // between two pages the pool reconnected across: the pass
-                // would look whole.
-                if let Some(why) = self.key_order().await?.change_since(&began) {
-                    return Err(SourceError::new(why));
-                }
+            let (keys, order) = self.page_after(after.as_deref()).await?;
+            let began = began.unwrap_or_else(|| order.clone());
+            if let Some(why) = order.change_since(&began) {
+                return Err(SourceError::new(why));
             }
+            let next = (keys.len() as i64 == self.page).then(|| keys.last().cloned());
             let batch = keys
                 .iter()
                 .map(|key| match &self.map_key {

@@ -573,6 +573,54 @@ async fn a_pass_across_a_change_of_the_key_columns_collation_fails() {
     assert_eq!(guard.check("c"), Verdict::MaybePresent);
 }
 
+/// A migration of the key column's collation undone before the pass ended
+/// (a rollback deploy): the page read under the other collation (`a B c Z`)
+/// went on after `B` with `c`, and the next, under "C" again (`B Z a c`),
+/// after `c` with nothing. The check at the pass's two ends found "C" at
+/// both, and the pass ended whole having read `B` and `c`. Each page's
+/// check now compares with the first page's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collation_changed_and_changed_back_during_a_pass_fails_it() {
+    let server = PostgresServer::start();
+    let pool = server.pool().await;
+    execute(
+        &pool,
+        &[
+            "CREATE COLLATION linguistic (provider = icu, locale = 'und')",
+            "CREATE TABLE tags (name text COLLATE \"C\" NOT NULL)",
+            "INSERT INTO tags VALUES ('B'), ('Z'), ('a'), ('c')",
+        ],
+    )
+    .await;
+    let source = PgSource::new(server.one_connection_pool().await, "tags", "name").page(1);
+    let mut pass = source.scan();
+    let mut read = pass.next().await.unwrap().unwrap();
+    let mut failed = None;
+    for collation in ["linguistic", "\"C\"", "\"C\""] {
+        let migration = format!("ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE {collation}");
+        sqlx::query(&migration).execute(&pool).await.unwrap();
+        match pass.next().await {
+            Some(Ok(keys)) => read.extend(keys),
+            Some(Err(error)) => {
+                failed = Some(error);
+                break;
+            }
+            None => break,
+        }
+    }
+    let Some(error) = failed else {
+        let read: Vec<_> = read
+            .iter()
+            .map(|key| String::from_utf8_lossy(key))
+            .collect();
+        panic!("the pass ended whole having read {read:?} of the 4 keys");
+    };
+    assert!(
+        error.to_string().contains("changed during the pass"),
+        "{error}"
+    );
+}
+
 /// An upgrade of the library behind a collation (glibc 2.28 reordered most
 /// locales; ICU changes too) leaves the indexes built before it in the old
 /// order, which the server's comparisons no longer follow: PostgreSQL

@@ -231,7 +231,8 @@ impl Guard {
             // the write the store just showed is in the filter by now.
             Ok(Ok(Ok(true))) if self.peek(&key) == Verdict::Absent => {
                 // The store holds it: never `Absent` again, whether or not
-                // a rebuild follows (a guard without a source has none).
+                // a rebuild follows (a guard without a source has none),
+                // unless a fleet snapshot replaces the set first.
                 self.insert(&key);
                 self.inner.counters.add(Counter::StaleNegatives as usize, 1);
                 self.inner.stale.record();

@@ -10,7 +10,7 @@ fn main() {
         }
         // A small budget, as a caller reading untrusted bytes would set.
         let streamed = bloomguard::AtomicBloom::read_from_with_max_bytes(bytes, 1 << 24);
-        if whole.is_ok() {
+        if whole.is_ok() && bytes.len() < 1 << 24 {
             assert!(streamed.is_ok(), "read_from refused what from_bytes took");
         }
     });

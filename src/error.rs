@@ -371,9 +371,9 @@ pub enum FleetError {
     /// [`FleetWrite::finish`](crate::redis::fleet::FleetWrite::finish), the
     /// second append was not: see there.
     EntryLost,
-    /// The fleet's name is empty or holds a brace: it is the Redis hash
-    /// tag of every key of the fleet (`{name}:inserts`), which Redis
-    /// Cluster needs whole to keep them in one slot.
+    /// The fleet's name is empty or starts with `}`: it is the Redis hash
+    /// tag of every key of the fleet (`{name}:inserts`), which would then
+    /// be empty, and Redis Cluster would spread the keys over slots.
     InvalidName(String),
     /// The guard follows a fleet already, through this member or another
     /// one: a guard has one member at a time (the first one's
@@ -444,7 +444,7 @@ impl fmt::Display for FleetError {
             Self::InvalidName(name) => write!(
                 f,
                 "fleet name {name:?} cannot tag the fleet's Redis keys: give a name that is \
-                 not empty and holds no '{{' or '}}'"
+                 not empty and does not start with '}}'"
             ),
             Self::AlreadyJoined => {
                 f.write_str("the guard follows a fleet already: one member per guard at a time")

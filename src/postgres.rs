@@ -69,7 +69,7 @@ fn key_check(relation: &str, key: &str, database_drift: &str) -> String {
           (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname))) \
          SELECT (SELECT format_type(oid, NULL) FROM base WHERE over = 0), \
          (SELECT bool_and(collisdeterministic) FROM found), \
-         (SELECT name FROM key_collation), (SELECT string_agg(oid::text, ',') FROM found), \
+         (SELECT name FROM key_collation), (SELECT string_agg(oid::text, ',' ORDER BY oid) FROM found), \
          coalesce((SELECT string_agg(format('recorded %s, now %s', collversion, \
           coalesce(pg_collation_actual_version(oid), 'none')), '; ') FROM found \
           WHERE collversion IS DISTINCT FROM pg_collation_actual_version(oid) \
@@ -289,9 +289,20 @@ impl PgSource {
             .begin_with("BEGIN; SET LOCAL row_security = off")
             .await
             .map_err(SourceError::new)?;
-        let key_check = match transaction.server_version_num() {
-            Some(version) if version < 150_000 => &self.key_check_before_15,
-            _ => &self.key_check,
+        // Known from the connection's start, unless a pooler kept it back.
+        let server_version = match transaction.server_version_num() {
+            Some(version) => version,
+            None => sqlx::query_scalar::<_, String>("SHOW server_version_num")
+                .fetch_one(&mut *transaction)
+                .await
+                .map_err(SourceError::new)?
+                .parse()
+                .map_err(SourceError::new)?,
+        };
+        let key_check = if server_version < 150_000 {
+            &self.key_check_before_15
+        } else {
+            &self.key_check
         };
         let (standby, keys): (bool, Vec<String>) = page
             .fetch_one(&mut *transaction)
@@ -457,9 +468,14 @@ impl KeySource for PgSource {
                 return Ok::<_, SourceError>(None); // past the last page
             };
             let (keys, order) = self.page_after(after.as_deref()).await?;
-            let began = began.unwrap_or_else(|| order.clone());
+            let mut began = began.unwrap_or_else(|| order.clone());
             if let Some(why) = order.change_since(&began) {
                 return Err(SourceError::new(why));
+            }
+            // A check that found no row (all deleted meanwhile) knows no
+            // type or collation: the first that does is the one to keep.
+            if began.key_type.is_none() {
+                began = order;
             }
             let next = (keys.len() as i64 == self.page).then(|| keys.last().cloned());
             let batch = keys

@@ -621,6 +621,33 @@ async fn one_master_of_a_cluster_whose_info_names_no_redis_mode_fails_the_pass()
     }
 }
 
+/// A node whose `INFO` says it runs in a cluster but whose ACL refuses
+/// `CLUSTER NODES`: the refusal must not read as "not a cluster" (it did,
+/// briefly, once `CLUSTER NODES` was asked of every plain node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_node_that_refuses_cluster_nodes_fails_the_pass() {
+    for mode in [
+        "redis_mode:cluster",
+        "server_mode:cluster",
+        "cluster_enabled:1",
+    ] {
+        let info = bulk(&format!(
+            "# Server\r\n{mode}\r\nrun_id:2f0ba4a7d0f1e1c0a41e2b0c5d9b8e7f6a5c4d3b\r\n\
+             # Replication\r\nrole:master\r\n# Commandstats\r\n\
+             cmdstat_info:calls=1,usec=10,usec_per_call=10.00\r\n"
+        ));
+        let refused =
+            "-NOPERM User scanner has no permissions to run the 'cluster|nodes' command\r\n";
+        match pass_over(&info, MASTER, refused).await {
+            Err(error) => assert!(
+                error.to_string().contains("CLUSTER NODES was refused"),
+                "{mode}: {error}"
+            ),
+            Ok(keys) => panic!("{mode}: a pass over a cluster node ended whole, {keys} key(s)"),
+        }
+    }
+}
+
 /// A role other than a master's or a replica's (KeyDB's `active-replica`,
 /// which takes writes and replicates its peer's) was read as a master's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1249,7 +1249,7 @@ mod tests {
         let stop = std::sync::atomic::AtomicBool::new(false);
         let mut absent_while_open = Vec::new();
         std::thread::scope(|scope| {
-            scope.spawn(|| {
+            let rotating = scope.spawn(|| {
                 while !stop.load(Ordering::Acquire) {
                     guard.rotate().unwrap();
                     rotations.fetch_add(1, Ordering::Release);
@@ -1268,6 +1268,8 @@ mod tests {
                             absent_while_open.push(key.clone());
                         }
                     }
+                    // A panic there would otherwise leave this loop waiting.
+                    assert!(!rotating.is_finished(), "the rotating thread ended");
                     std::thread::yield_now();
                 }
                 drop(pending);

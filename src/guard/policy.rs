@@ -27,9 +27,10 @@ pub enum Lifecycle {
     /// end, and the oldest keys stay present for as much longer. The
     /// write settle must be shorter than the window: a key could otherwise
     /// leave before its write lands. A write held open by a `PendingWrite`
-    /// keeps its key present all the while; on the other members of a
+    /// keeps its key present all the while on a guard of its own; in a
     /// fleet, one held open longer than `(generations − 1) × period`
-    /// leaves their filters until its second append, at its end.
+    /// leaves the other members' filters, and the snapshots they publish
+    /// (which the writer may adopt), until its second append, at its end.
     ///
     /// `expected_items` is per generation, and each generation is sized for
     /// `false_positive_rate / generations`, so that the OR meets the target.

@@ -317,7 +317,9 @@ impl PathKey {
             .skip(1);
         let agrees = before.all(|segment| match parts.next() {
             None => prefix == Prefix::WherePresent,
-            Some(part) => segment.as_deref() == Some(part),
+            Some(part) => segment
+                .as_deref()
+                .is_some_and(|literal| unescapes_to(literal, part)),
         });
         agrees.then_some(parameter)
     }
@@ -838,6 +840,17 @@ mod tests {
         let get = |path: &str| http::Request::get(path).body(()).unwrap();
         assert_eq!(key.key(&get("/{v1}/items/42")).as_deref(), Some("42"));
         assert_eq!(key.key(&get("/v1/items/42")), None);
+        // The insert layer's key, and the guard's under a router, compare
+        // the literals before the parameter from the path's end.
+        assert_eq!(
+            key.write_keys(&get("/{v1}/items/42"))[0].as_deref(),
+            Some("42")
+        );
+        assert_eq!(
+            key.parameter_at_end("/api/{v1}/items/42").as_deref(),
+            Some("42")
+        );
+        assert_eq!(key.parameter_at_end("/api/v1/items/42"), None);
         assert!(key.is_route("/api/{{v1}}/items/{id}"));
         assert!(super::unescapes_to("a{{b}}c", "a{b}c"));
         assert!(!super::unescapes_to("a{{b}}c", "a{{b}}c"));

@@ -586,16 +586,33 @@ impl RedisSource {
         );
         let mut nodes = redis::cmd("CLUSTER");
         nodes.arg("NODES");
+        // Valkey 8 names the mode `server_mode`; `cluster_enabled` is in
+        // the default `INFO` of both.
+        let says_clustered = ["redis_mode", "server_mode"]
+            .into_iter()
+            .any(|mode| field(mode) == Some("cluster"))
+            || field("cluster_enabled") == Some("1");
         let nodes: Option<String> = if node.is_some() {
             Some(self.query_on(live, node, &nodes).await?)
+        } else if says_clustered {
+            match self.query_on(live, node, &nodes).await {
+                Ok(nodes) => Some(nodes),
+                Err(error) if refused(&error) => {
+                    return Err(not_trusted(format!(
+                        "CLUSTER NODES was refused ({error}) on a node whose INFO says it runs \
+                         in a cluster: the pass cannot tell whether its SCAN lists every key; \
+                         allow CLUSTER NODES, or use RedisSource::cluster"
+                    )));
+                }
+                Err(error) => return Err(error),
+            }
         } else {
-            // Asked of every plain node, whatever `INFO` says of its mode:
-            // Valkey 8 names it `server_mode`, and other compatible servers
-            // not at all. Refused on a plain Redis ("cluster support
-            // disabled"), or denied: either way nothing to check. One that
-            // may answer when asked again (a timeout, `LOADING`) fails the
-            // pass: the node may be one of a cluster, whose `SCAN` lists
-            // its own slots only.
+            // Asked of every other plain node too (a compatible server's
+            // `INFO` may name no mode). Refused on a plain Redis ("cluster
+            // support disabled"), or denied: either way nothing to check.
+            // One that may answer when asked again (a timeout, `LOADING`)
+            // fails the pass: the node may be one of a cluster, whose
+            // `SCAN` lists its own slots only.
             match self.query_on(live, node, &nodes).await {
                 Ok(nodes) => Some(nodes),
                 Err(error) if may_answer_later(&error) => return Err(error),

@@ -803,8 +803,8 @@ impl FleetSync {
     /// nothing keeps it up to date any more.
     ///
     /// # Errors
-    /// [`FleetError::InvalidName`] for a name that is empty or holds a
-    /// brace; [`FleetError::AlreadyJoined`] while a member (this one or another)
+    /// [`FleetError::InvalidName`] for a name that is empty or starts
+    /// with `}`; [`FleetError::AlreadyJoined`] while a member (this one or another)
     /// follows a fleet for the guard; [`FleetError::SettingsDiffer`];
     /// [`FleetError::LeaseWatchNotStarted`]; Redis errors. The guard stays fenced, answering `MaybePresent`, until a
     /// join succeeds: it cannot show it holds the fleet's writes. Dropping
@@ -836,11 +836,12 @@ impl FleetSync {
         &self,
         shutdown: Option<&CancellationToken>,
     ) -> Result<FleetHandle, FleetError> {
-        // An empty tag (`{}`, or a name that ends it early) makes Redis
-        // Cluster hash each whole key: the fleet's scripts, which take
-        // several keys, would all fail with CROSSSLOT.
+        // An empty tag (`{}:inserts`, or `{}x}:inserts` for `}x`) makes
+        // Redis Cluster hash each whole key: the fleet's scripts, which
+        // take several keys, would all fail with CROSSSLOT. Any other name
+        // tags every key alike.
         let name = &self.inner.keys.name;
-        if name.is_empty() || name.contains(['{', '}']) {
+        if name.is_empty() || name.starts_with('}') {
             return Err(FleetError::InvalidName(name.clone()));
         }
         if !self.inner.guard.claim_for_fleet() {
@@ -1437,7 +1438,7 @@ mod tests {
     /// failed with CROSSSLOT: the fleet never worked, without saying why.
     #[tokio::test]
     async fn a_name_that_makes_no_hash_tag_is_refused_at_join() {
-        for name in ["", "}items", "items{eu}", "a}b"] {
+        for name in ["", "}items"] {
             let guard = Guard::builder().expected_items(1_000).build().unwrap();
             let client = Client::open("redis://127.0.0.1:1/").unwrap();
             let member = FleetSync::builder(guard.clone(), client, name).build();

@@ -51,8 +51,17 @@ const DATABASE_COLLATION_DRIFT: &str = "(SELECT format('recorded %s, now %s', da
      AND d.datname = current_database() AND d.datcollversion IS NOT NULL \
      AND d.datcollversion IS DISTINCT FROM pg_database_collation_actual_version(d.oid))";
 
-/// The statement behind [`KeyOrder`], over `key` of `relation`, with
+/// The statement behind [`KeyCheck`], over `key` of `relation`, with
 /// `database_drift` for the database's default collation.
+///
+/// The type under every domain (a domain may be over another), and the
+/// collation by name, as `pg_collation_for` spells it (quoted, and
+/// qualified when not on the search path): `regcollation` needs
+/// PostgreSQL 13. `pg_collation_for` fails on a type without collations
+/// (an `int` column), whose own error would hide the one the check gives.
+/// The collation's recorded version against the one its library now
+/// gives, as PostgreSQL's own warning compares them (for the database's
+/// default, the database's, from PostgreSQL 15).
 fn key_check(relation: &str, key: &str, database_drift: &str) -> String {
     format!(
         "WITH RECURSIVE one AS (SELECT {key} AS key FROM {relation} LIMIT 1), \
@@ -69,12 +78,26 @@ fn key_check(relation: &str, key: &str, database_drift: &str) -> String {
           (quote_ident(c.collname), quote_ident(n.nspname) || '.' || quote_ident(c.collname))) \
          SELECT (SELECT format_type(oid, NULL) FROM base WHERE over = 0), \
          (SELECT bool_and(collisdeterministic) FROM found), \
-         (SELECT name FROM key_collation), (SELECT string_agg(oid::text, ',' ORDER BY oid) FROM found), \
+         (SELECT name FROM key_collation), \
          coalesce((SELECT string_agg(format('recorded %s, now %s', collversion, \
           coalesce(pg_collation_actual_version(oid), 'none')), '; ') FROM found \
           WHERE collversion IS DISTINCT FROM pg_collation_actual_version(oid) \
-          AND collversion IS NOT NULL), {database_drift}), \
-         pg_is_in_recovery(), \
+          AND collversion IS NOT NULL), {database_drift})"
+    )
+}
+
+/// The two columns of a page's [`KeyOrder`]: the key's type and collation
+/// as the page's statement compared them (known without a row, from a
+/// subquery that reads none; the text under "C" whatever the column's, or
+/// a migration would change the page's result type, as its keys would),
+/// and when the server started and last ran
+/// crash recovery (which resets the shared stats, and their `stats_reset`,
+/// while the postmaster stays).
+fn key_order(relation: &str, key: &str) -> String {
+    let no_row = format!("(SELECT {key} FROM {relation} LIMIT 0)");
+    format!(
+        "(format_type(pg_typeof({no_row}), NULL) || ' ' || \
+         coalesce(pg_collation_for({no_row}), 'no collation')) COLLATE \"C\", \
          extract(epoch FROM pg_postmaster_start_time())::text || ' ' || \
          coalesce(extract(epoch FROM (SELECT stats_reset FROM pg_stat_archiver))::text, '')"
     )
@@ -147,13 +170,14 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 #[derive(Clone)]
 pub struct PgSource {
     pool: PgPool,
-    /// Whether the server is a standby, and the keys of
-    /// `SELECT key … ORDER BY key LIMIT $1`.
+    /// Whether the server is a standby, the keys of
+    /// `SELECT key … ORDER BY key LIMIT $1`, and the [`KeyOrder`] they
+    /// were read in.
     first_page: String,
     /// The same, `… WHERE key > $1 ORDER BY key LIMIT $2`.
     next_page: String,
-    /// How the keys compare and which server answers (see `KeyOrder`), run
-    /// in each page's transaction after the page: on PostgreSQL 15 and
+    /// Whether the keys compare byte for byte (see [`KeyCheck`]), asked in
+    /// the first page's transaction before the page: on PostgreSQL 15 and
     /// later, and before it (which records no version for the database's
     /// default collation).
     key_check: String,
@@ -215,29 +239,14 @@ impl PgSource {
             // type"); the pages are ordered by the column all the same.
             first_page: format!(
                 "SELECT pg_is_in_recovery(), ARRAY(SELECT {key}::text FROM {relation} \
-                 WHERE {key} IS NOT NULL ORDER BY {key} LIMIT $1) COLLATE \"C\""
+                 WHERE {key} IS NOT NULL ORDER BY {key} LIMIT $1) COLLATE \"C\", {}",
+                key_order(relation, key)
             ),
             next_page: format!(
                 "SELECT pg_is_in_recovery(), ARRAY(SELECT {key}::text FROM {relation} \
-                 WHERE {key} > $1 ORDER BY {key} LIMIT $2) COLLATE \"C\""
+                 WHERE {key} > $1 ORDER BY {key} LIMIT $2) COLLATE \"C\", {}",
+                key_order(relation, key)
             ),
-            // The type under every domain (a domain may be over another),
-            // and the collation by name, as `pg_collation_for` spells it
-            // (quoted, and qualified when not on the search path), and by
-            // oid (one dropped and made again under its name is another):
-            // `regcollation` needs PostgreSQL 13. `pg_collation_for` fails
-            // on a type without collations (an `int` column), whose own
-            // error would hide the one below. The collation's recorded
-            // version against the one its library now gives, as
-            // PostgreSQL's own warning compares them (for the database's
-            // default, the database's, from PostgreSQL 15).
-            // With it, whether the server is a standby (a router may send
-            // this statement elsewhere than the pages), and when it started
-            // and last ran crash recovery (which resets the shared stats,
-            // and their `stats_reset`, while the postmaster stays): a pass
-            // whose pages saw two runs (a restart or a crash that lost
-            // commits, a failover) may find a row deleted in the first back
-            // in the second, among keys already read.
             key_check: key_check(relation, key, DATABASE_COLLATION_DRIFT),
             key_check_before_15: key_check(relation, key, "NULL"),
             page: Self::DEFAULT_PAGE,
@@ -267,28 +276,56 @@ impl PgSource {
         self
     }
 
-    /// The page of keys after `last`, and how the keys compared as it was
-    /// read ([`KeyOrder`], after it in the same transaction: the page's lock
-    /// on the relation keeps a migration from running in between); fails
-    /// where a standby read it (it replays its primary's writes
-    /// asynchronously, and may lack one for longer than any write settle),
-    /// or where the keys do not compare byte for byte (see `KeyOrder`).
+    /// The page of keys after `last`, and the [`KeyOrder`] its statement
+    /// read them in; fails where a standby read it (it replays its
+    /// primary's writes asynchronously, and may lack one for longer than
+    /// any write settle). The first page asks first, in its transaction,
+    /// whether the keys compare byte for byte ([`KeyCheck`]).
     ///
-    /// Both run in a transaction of their own under `row_security = off`:
-    /// where a row-level security policy applies to the source's role,
-    /// PostgreSQL fails the statement rather than leave out the rows the
-    /// policy hides, which a loader under another role reads.
+    /// Each page runs in a transaction of its own under `row_security =
+    /// off`: where a row-level security policy applies to the source's
+    /// role, PostgreSQL fails the statement rather than leave out the rows
+    /// the policy hides, which a loader under another role reads.
     async fn page_after(&self, last: Option<&str>) -> Result<(Vec<String>, KeyOrder), SourceError> {
-        let page = match last {
-            None => sqlx::query_as(&self.first_page).bind(self.page),
-            Some(last) => sqlx::query_as(&self.next_page).bind(last).bind(self.page),
-        };
         // One round trip for both (a simple query may hold two statements).
         let mut transaction = self
             .pool
             .begin_with("BEGIN; SET LOCAL row_security = off")
             .await
             .map_err(SourceError::new)?;
+        let page = match last {
+            None => {
+                self.check_keys(&mut transaction).await?;
+                sqlx::query_as(&self.first_page).bind(self.page)
+            }
+            Some(last) => sqlx::query_as(&self.next_page).bind(last).bind(self.page),
+        };
+        let (standby, keys, compared_as, server_started): (bool, Vec<String>, String, String) =
+            page.fetch_one(&mut *transaction)
+                .await
+                .map_err(unfiltered_error)?;
+        transaction.commit().await.map_err(SourceError::new)?;
+        if standby {
+            return Err(SourceError::new(ON_A_STANDBY));
+        }
+        Ok((
+            keys,
+            KeyOrder {
+                compared_as,
+                server_started,
+            },
+        ))
+    }
+
+    /// Fails unless the keys compare byte for byte: text or varchar under a
+    /// deterministic collation, at the version its indexes were built
+    /// under. Under one that ignores case or accents, `'a'` equals `'A'`,
+    /// and a page ending at `'A'` goes on with `key > 'A'`, past `'a'`;
+    /// `citext` orders without case but compares with a text parameter as
+    /// text, so under "C" the page after `'a'` skips `'B'`; `char(n)` pads
+    /// its keys. (The store's `= $1` would also find `'A'` for `'a'`, which
+    /// the guard, holding bytes, answers absent.)
+    async fn check_keys(&self, transaction: &mut sqlx::PgConnection) -> Result<(), SourceError> {
         // Known from the connection's start, unless a pooler kept it back.
         let server_version = match transaction.server_version_num() {
             Some(version) => version,
@@ -304,79 +341,11 @@ impl PgSource {
         } else {
             &self.key_check
         };
-        let (standby, keys): (bool, Vec<String>) = page
-            .fetch_one(&mut *transaction)
-            .await
-            .map_err(unfiltered_error)?;
-        let check: KeyCheck = sqlx::query_as(key_check)
-            .fetch_one(&mut *transaction)
-            .await
-            .map_err(unfiltered_error)?;
-        transaction.commit().await.map_err(SourceError::new)?;
-        if standby {
-            return Err(SourceError::new(ON_A_STANDBY));
-        }
-        Ok((keys, KeyOrder::from_check(check)?))
-    }
-}
-
-/// A failed statement of a pass, saying what to do where a row-level
-/// security policy refused it.
-fn unfiltered_error(error: sqlx::Error) -> SourceError {
-    match error.as_database_error() {
-        Some(database) if database.message().contains("row-level security") => {
-            SourceError::new(format!(
-                "{}: a pass would leave out the rows a policy hides from the source's role; \
-                 give the source a role no policy applies to (one with BYPASSRLS, or the \
-                 table's owner unless the table forces row-level security)",
-                database.message()
-            ))
-        }
-        _ => SourceError::new(error),
-    }
-}
-
-/// The key check's row: the keys' type (a domain's base type), whether
-/// their collation is deterministic, its name and oids, how its version
-/// drifted (`NULL`s: no rows; all but the type also for a type without
-/// collations), whether a standby answered, and when the server started.
-type KeyCheck = (
-    Option<String>,
-    Option<bool>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    bool,
-    String,
-);
-
-/// How a page found the keys to compare: their type and collation (`None`
-/// where the relation had no row), and when the server it read started.
-#[derive(Clone, Debug, PartialEq)]
-struct KeyOrder {
-    key_type: Option<String>,
-    /// The name, as `pg_collation_for` spells it, and the oids it names.
-    collation: Option<(String, Option<String>)>,
-    /// `pg_postmaster_start_time()` and the archiver's `stats_reset`
-    /// (crash recovery resets it), in seconds since the epoch.
-    server_started: String,
-}
-
-impl KeyOrder {
-    /// The order the check found; fails unless the keys compare byte for
-    /// byte: text or varchar under a deterministic collation, at the version
-    /// its indexes were built under. Under one that ignores case or
-    /// accents, `'a'` equals `'A'`, and a page ending at `'A'` goes on with
-    /// `key > 'A'`, past `'a'`; `citext` orders without case but compares
-    /// with a text parameter as text, so under "C" the page after `'a'`
-    /// skips `'B'`; `char(n)` pads its keys. (The store's `= $1` would also
-    /// find `'A'` for `'a'`, which the guard, holding bytes, answers absent.)
-    fn from_check(check: KeyCheck) -> Result<Self, SourceError> {
-        let (key_type, deterministic, collation, oids, version_drift, standby, server_started) =
-            check;
-        if standby {
-            return Err(SourceError::new(ON_A_STANDBY));
-        }
+        let (key_type, deterministic, collation, version_drift): KeyCheck =
+            sqlx::query_as(key_check)
+                .fetch_one(&mut *transaction)
+                .await
+                .map_err(unfiltered_error)?;
         if let Some(key_type) = &key_type
             && !matches!(key_type.as_str(), "text" | "character varying")
         {
@@ -410,18 +379,52 @@ impl KeyOrder {
                  or for the database's default ALTER DATABASE … REFRESH COLLATION VERSION)"
             )));
         }
-        Ok(Self {
-            key_type,
-            collation: collation.map(|name| (name, oids)),
-            server_started,
-        })
+        Ok(())
     }
+}
 
+/// A failed statement of a pass, saying what to do where a row-level
+/// security policy refused it.
+fn unfiltered_error(error: sqlx::Error) -> SourceError {
+    match error.as_database_error() {
+        Some(database) if database.message().contains("row-level security") => {
+            SourceError::new(format!(
+                "{}: a pass would leave out the rows a policy hides from the source's role; \
+                 give the source a role no policy applies to (one with BYPASSRLS, or the \
+                 table's owner unless the table forces row-level security)",
+                database.message()
+            ))
+        }
+        _ => SourceError::new(error),
+    }
+}
+
+/// The key check's row: the keys' type (a domain's base type), whether
+/// their collation is deterministic, its name, and how its version
+/// drifted (`NULL`s: no rows; all but the type also for a type without
+/// collations).
+type KeyCheck = (Option<String>, Option<bool>, Option<String>, Option<String>);
+
+/// How a page's statement compared the keys, and which run of the server
+/// read them: every page of a pass must find the first page's.
+#[derive(Clone, Debug)]
+struct KeyOrder {
+    /// The key's type and collation (`text "C"`).
+    compared_as: String,
+    /// `pg_postmaster_start_time()` and the archiver's `stats_reset`, in
+    /// seconds since the epoch.
+    server_started: String,
+}
+
+impl KeyOrder {
     /// Why the pass that began with `start` cannot be trusted whole, if it
-    /// cannot: the server restarted (or another took its place), or, where
-    /// both pages saw rows, a migration (another type or collation, even
-    /// one undone before the pass ended) left pages in two orders, and the
-    /// page after a key can skip keys that sorted after it before.
+    /// cannot: the server restarted (or another took its place), and the
+    /// pages were read from two runs of it (after a crash that lost
+    /// commits, or a failover to a standby behind, a row deleted in the
+    /// first may be back in the second, among keys already read); or a
+    /// migration (another type or collation, even one undone before the
+    /// pass ended) left pages in two orders, and the page after a key can
+    /// skip keys that sorted after it before.
     fn change_since(&self, start: &KeyOrder) -> Option<String> {
         if self.server_started != start.server_started {
             return Some(
@@ -431,30 +434,20 @@ impl KeyOrder {
                     .to_owned(),
             );
         }
-        let changed = |before: Option<String>, now: Option<String>| match (before, now) {
-            (Some(before), Some(now)) if before != now => Some(format!("{before} to {now}")),
-            _ => None,
-        };
-        let named = |order: &KeyOrder| {
-            let (name, oids) = order.collation.as_ref()?;
-            Some(format!(
-                "{name} ({})",
-                oids.as_deref().unwrap_or("not found")
-            ))
-        };
-        let change = changed(start.key_type.clone(), self.key_type.clone())
-            .or_else(|| changed(named(start), named(self)))?;
-        Some(format!(
-            "the key column's type or collation changed during the pass ({change}): pages \
-             compared keys in two orders and may have skipped some; the next pass reads it \
-             whole"
-        ))
+        (self.compared_as != start.compared_as).then(|| {
+            format!(
+                "the key column's type or collation changed during the pass ({} to {}): \
+                 pages compared keys in two orders and may have skipped some; the next \
+                 pass reads it whole",
+                start.compared_as, self.compared_as
+            )
+        })
     }
 }
 
 impl KeySource for PgSource {
     /// One pass, a page at a time, until a page comes back short. Each
-    /// page's key check must find the keys compared as the first page's
+    /// page's statement must find the keys compared as the first page's
     /// did, on the same run of the server: a migration during the pass (a
     /// column turned citext, another collation, even one undone before the
     /// end) changes how the later pages compare, with no error, and so
@@ -468,14 +461,9 @@ impl KeySource for PgSource {
                 return Ok::<_, SourceError>(None); // past the last page
             };
             let (keys, order) = self.page_after(after.as_deref()).await?;
-            let mut began = began.unwrap_or_else(|| order.clone());
+            let began = began.unwrap_or_else(|| order.clone());
             if let Some(why) = order.change_since(&began) {
                 return Err(SourceError::new(why));
-            }
-            // A check that found no row (all deleted meanwhile) knows no
-            // type or collation: the first that does is the one to keep.
-            if began.key_type.is_none() {
-                began = order;
             }
             let next = (keys.len() as i64 == self.page).then(|| keys.last().cloned());
             let batch = keys

@@ -318,6 +318,8 @@ pub(crate) fn record_fleet_ack(guard: &str, latency: std::time::Duration) {
 /// (the task publishes the metrics, so nobody else would).
 pub(crate) fn record_maintenance_stopped(guard: &str) {
     gauge!(MAINTENANCE_RUNNING, "guard" => guard.to_owned()).set(0.0);
+    // Its own rebuild, if one ran, ended with it (dropped).
+    gauge!(REBUILDING, "guard" => guard.to_owned()).set(0.0);
 }
 
 /// Records a finished rebuild attempt's duration.

@@ -72,7 +72,8 @@ fn run(args: seen_items::Args) -> seen_items::report::Outcome {
 
 /// The run met what a false negative needs to show: answers for items the
 /// store held (the run fails on one answered unseen), and a sweep of the
-/// held items over every guard at its end (the same).
+/// seen items over every guard at its end (the same; an item expired by
+/// the ground truth and answered absent is asked of the store).
 fn assert_the_audit_had_something_to_catch(guarded: &seen_items::replay::Phase, answers: u64) {
     assert!(
         guarded.audited_seen >= answers,
@@ -81,7 +82,7 @@ fn assert_the_audit_had_something_to_catch(guarded: &seen_items::replay::Phase, 
     );
     assert!(
         guarded.swept >= 5_000,
-        "{} held items swept over the guards",
+        "{} seen items swept over the guards",
         guarded.swept
     );
 }

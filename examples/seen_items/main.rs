@@ -406,9 +406,9 @@ async fn open_store(
             return Ok(SeenStore::new(Backend::Redis(Arc::new(redis))));
         }
         #[cfg(not(feature = "redis"))]
-        eprintln!(
-            "note: Redis at {url} was asked for, but the `redis` feature is off; using the in-memory store"
-        );
+        return Err(format!(
+            "Redis at {url} was asked for, but the `redis` feature is off"
+        ));
     }
     Ok(SeenStore::new(Backend::Memory(Arc::new(MemoryStore::new(
         expires_after,
@@ -441,8 +441,12 @@ impl Args {
                 let period = (self.window + EXPIRY_MARGIN) / (GENERATIONS as u32 - 1);
                 // The first build holds the history; each later generation
                 // only what users see in one period.
-                let requests_per_period =
-                    self.rate.max(UNPACED_RATE_GUESS) as f64 * period.as_secs_f64();
+                let rate = if self.rate == 0 {
+                    UNPACED_RATE_GUESS
+                } else {
+                    self.rate
+                };
+                let requests_per_period = rate as f64 * period.as_secs_f64();
                 let seen_per_period = requests_per_period * self.new_seen.max(1) as f64;
                 builder
                     .expected_items((seen_per_period * self.headroom) as u64)

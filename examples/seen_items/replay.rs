@@ -304,15 +304,19 @@ pub(crate) async fn caught_up_by(guard: &Guard, deadline: Instant) -> bool {
     true
 }
 
-/// Checks every pair the store holds against every instance's guard, once
+/// Checks every pair ever written against every instance's guard, once
 /// the writes are done and the last rebuild has ended: the requests only
-/// meet the pairs their users are drawn for. A fenced member answers
-/// "maybe" to all, so each is given a while to catch up first; one that
-/// does not fails the run, as unchecked. Returns how many checks could have
-/// failed.
+/// meet the pairs their users are drawn for. A pair the store holds by the
+/// ground truth must not be absent; one the truth has expired (its clock
+/// starts before the guard's insert, the store's after) is asked of the
+/// store when the guard answers it absent, so that a guard forgetting a
+/// key before the store does shows, which the truth alone cannot. A fenced
+/// member answers "maybe" to all, so each is given a while to catch up
+/// first; one that does not fails the run, as unchecked. Returns how many
+/// checks could have failed.
 async fn sweep(run: &Run) -> Result<u64, String> {
     let mut swept = 0;
-    let held = run.workload.truth.held_at(Instant::now());
+    let written = run.workload.truth.pairs();
     for (instance, gate) in run.gates.iter().enumerate() {
         if !caught_up_by(gate.guard(), Instant::now() + SWEEP_CATCH_UP).await {
             return Err(format!(
@@ -320,23 +324,39 @@ async fn sweep(run: &Run) -> Result<u64, String> {
                  the final check reached it: its guard could not be checked"
             ));
         }
-        swept += held.len() as u64;
+        swept += written.len() as u64;
+        let mut absent_after_expiry = Vec::new();
         // Both ways of asking: one key at a time, and in the batches the
         // requests ask in.
         let mut batched = [Verdict::Warming; 64];
-        for group in held.chunks(batched.len()) {
-            let keys: Vec<String> = group.iter().map(|&(pair, _)| seen_key(pair)).collect();
+        for group in written.chunks(batched.len()) {
+            let keys: Vec<String> = group.iter().map(|&pair| seen_key(pair)).collect();
             gate.guard().check_many(&keys, &mut batched[..keys.len()]);
-            for ((key, &(_, until)), answer) in keys.iter().zip(group).zip(batched) {
+            for ((key, &pair), answer) in keys.into_iter().zip(group).zip(batched) {
+                if !answer.is_absent() && !gate.guard().check(&key).is_absent() {
+                    continue;
+                }
                 // The time after the check: held then, so held during it.
-                if (answer.is_absent() || gate.guard().check(key).is_absent())
-                    && until.is_none_or(|until| Instant::now() + EXPIRY_SKEW < until)
-                {
+                let until = run.workload.truth.held_until(pair).flatten();
+                if until.is_none_or(|until| Instant::now() + EXPIRY_SKEW < until) {
                     return Err(format!(
                         "false negative: instance {instance}'s guard answers {key} absent, \
                          which the store holds"
                     ));
                 }
+                absent_after_expiry.push(key);
+            }
+        }
+        // Asked after the guard: a pair the store holds now it held then
+        // (no write runs any more, and expiry only removes).
+        for keys in absent_after_expiry.chunks(512) {
+            let held = run.store.holds(keys).await?;
+            if let Some(still) = held.iter().position(|&held| held) {
+                return Err(format!(
+                    "false negative: instance {instance}'s guard answers {} absent, which the \
+                     store still holds (its expiry has not come)",
+                    keys[still]
+                ));
             }
         }
     }
@@ -396,7 +416,8 @@ async fn worker(
         } else {
             Vec::new()
         };
-        let answers: Vec<bool> = match run.gates.get(id % run.gates.len().max(1)) {
+        let gate = run.gates.get(id % run.gates.len().max(1));
+        let answers: Vec<bool> = match gate {
             Some(gate) => gate
                 .contains_many(&keys)
                 .await
@@ -425,8 +446,15 @@ async fn worker(
             .zip(&answers)
             .position(|(&held, &seen)| held && !seen)
         {
+            // Which one answered it: the guard, or a store that lost it.
+            let by = match gate.map(|gate| gate.guard().check(&keys[missed])) {
+                Some(Verdict::Absent) => "the guard answers it absent",
+                Some(_) => "the guard holds it, so the store did not return it (evicted?)",
+                None => "the store did not return it (evicted?)",
+            };
             return Err(format!(
-                "false negative: {} was seen and is in the store, but was answered unseen",
+                "false negative: {} was seen and written to the store, but was answered \
+                 unseen: {by}",
                 keys[missed]
             ));
         }

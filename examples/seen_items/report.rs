@@ -159,7 +159,7 @@ impl Outcome {
         let guarded = &self.guarded;
         let mut lines = vec![
             format!(
-                "the guard kept {:.1} % of the lookups from the store; the filter takes 1/{:.0} of the exact set's memory; no false negatives: {} answers for items the store held, audited against the ground truth, and {} held items checked in the guards at the end (one at a time and in batches)",
+                "the guard kept {:.1} % of the lookups from the store; the filter takes 1/{:.0} of the exact set's memory; no false negatives: {} answers for items the store held, audited against the ground truth, and {} seen items checked in the guards at the end (one at a time and in batches)",
                 100.0 * self.avoided(),
                 1.0 / self.memory_ratio(),
                 guarded.audited_seen,

@@ -133,15 +133,27 @@ impl Loader<String> for SeenStore {
         self.lookups
             .keys
             .fetch_add(keys.len() as u64, Ordering::Relaxed);
+        self.find(&keys).await
+    }
+}
+
+impl SeenStore {
+    /// Which of `keys` the store holds, asked by the audit: not counted
+    /// among the lookups the guard is measured by.
+    pub(crate) async fn holds(&self, keys: &[String]) -> Result<Vec<bool>, String> {
+        Ok(self.find(keys).await?.iter().map(Option::is_some).collect())
+    }
+
+    async fn find(&self, keys: &[String]) -> Result<Vec<Option<Seen>>, String> {
         match &self.backend {
             Backend::Memory(memory) => Ok(keys
                 .iter()
                 .map(|key| memory.contains(key).then_some(()))
                 .collect()),
             #[cfg(feature = "redis")]
-            Backend::Redis(redis) => redis.contains_many(&keys).await,
+            Backend::Redis(redis) => redis.contains_many(keys).await,
             #[cfg(feature = "postgres")]
-            Backend::Postgres(postgres) => postgres.contains_many(&keys).await,
+            Backend::Postgres(postgres) => postgres.contains_many(keys).await,
         }
     }
 }

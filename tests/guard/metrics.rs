@@ -219,7 +219,8 @@ fn the_product_modes_reach_the_recorder() {
 /// work, and it awaits its rebuilds: a first build that took minutes left
 /// every gauge unpublished until it ended (`bloomguard_warming` among them),
 /// and `bloomguard_rebuilding` never read 1 for the task's own rebuilds.
-/// It now publishes as a rebuild starts and every interval while it runs.
+/// It now publishes as a rebuild starts and every interval while it runs,
+/// and `bloomguard_rebuilding` reads 0 once the task stops.
 #[test]
 fn the_gauges_are_published_while_the_task_rebuilds() {
     use bloomguard::metrics::WARMING;
@@ -269,6 +270,12 @@ fn the_gauges_are_published_while_the_task_rebuilds() {
             }
             assert!(guard.is_warming());
             maintenance.shutdown().await;
+            // Its rebuild ended with it: the gauge stayed at 1 before.
+            let published = by_name(&snapshotter);
+            assert!(
+                matches!(published.get(REBUILDING), Some(DebugValue::Gauge(value)) if value.0 == 0.0),
+                "{published:?}"
+            );
         });
     });
 }

@@ -1244,6 +1244,10 @@ impl Drop for MembershipEnds {
         member.inner.guard.set_fenced(true);
         member.state().give_up_lease();
         member.refresh_fence();
+        // The member's tasks, which published its gauges, have ended:
+        // `bloomguard_fleet_fenced` would stay at its last value.
+        #[cfg(feature = "metrics")]
+        member.publish_metrics();
         // Stopped before the guard is released: a join that follows starts
         // a watch of its own on the same state.
         drop(self.lease_watch.take());

@@ -513,15 +513,17 @@ async fn a_key_column_under_a_collation_the_check_cannot_find_fails_the_pass() {
     assert!(error.to_string().contains("was not found"), "{error}");
 }
 
-/// A migration during a pass that changes how the key column orders (its
-/// collation) leaves the pages before it and after it in two orders. From
-/// "C" (`B Z a c`) to a linguistic order (`a B c Z`), the page after `Z`,
-/// last in both, is empty: the pass ended whole having read `B` and `Z`,
-/// and the guard answered `Absent` for `a` and `c`. Both collations are
-/// deterministic, which is all each end of the pass checked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pass_across_a_change_of_the_key_columns_collation_fails() {
-    let server = PostgresServer::start();
+/// `tags(name text COLLATE "C")` holding `B Z a c`, and a collation
+/// `linguistic` that orders them `a B c Z`; then a pass over them on
+/// `source_pool`, pages of `page`, where the key column is migrated to the
+/// next of `collations` before each page after the first. Fails the test
+/// unless the pass fails, saying the collation changed.
+async fn a_pass_across_migrations(
+    server: &PostgresServer,
+    source_pool: sqlx::PgPool,
+    page: i64,
+    collations: &[&str],
+) {
     let pool = server.pool().await;
     execute(
         &pool,
@@ -532,27 +534,22 @@ async fn a_pass_across_a_change_of_the_key_columns_collation_fails() {
         ],
     )
     .await;
-    // One connection for every pass: the one that prepared the page
-    // queries before the migration runs them after it.
-    let one_connection = server.one_connection_pool().await;
-    let source = PgSource::new(one_connection.clone(), "tags", "name").page(2);
+    let source = PgSource::new(source_pool, "tags", "name").page(page);
     let mut pass = source.scan();
     let mut read = pass.next().await.unwrap().unwrap();
-    assert_eq!(read, [b"B".to_vec(), b"Z".to_vec()]);
-    sqlx::query("ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE linguistic")
-        .execute(&pool)
-        .await
-        .unwrap();
-    let mut failed = None;
-    while let Some(batch) = pass.next().await {
-        match batch {
-            Ok(keys) => read.extend(keys),
-            Err(error) => {
-                failed = Some(error);
-                break;
-            }
+    let mut collations = collations.iter();
+    let failed = loop {
+        if let Some(collation) = collations.next() {
+            let migration =
+                format!("ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE {collation}");
+            sqlx::query(&migration).execute(&pool).await.unwrap();
         }
-    }
+        match pass.next().await {
+            Some(Ok(keys)) => read.extend(keys),
+            Some(Err(error)) => break Some(error),
+            None => break None,
+        }
+    };
     let Some(error) = failed else {
         let read: Vec<_> = read
             .iter()
@@ -564,10 +561,24 @@ async fn a_pass_across_a_change_of_the_key_columns_collation_fails() {
         error.to_string().contains("changed during the pass"),
         "{error}"
     );
+}
+
+/// A migration during a pass that changes how the key column orders (its
+/// collation) leaves the pages before it and after it in two orders. From
+/// "C" (`B Z a c`) to a linguistic order (`a B c Z`), the page after `Z`,
+/// last in both, is empty: the pass ended whole having read `B` and `Z`,
+/// and the guard answered `Absent` for `a` and `c`. Both collations are
+/// deterministic, which is all each end of the pass checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_across_a_change_of_the_key_columns_collation_fails() {
+    let server = PostgresServer::start();
+    // One connection for every pass: the one that prepared the page
+    // queries before the migration runs them after it.
+    let one_connection = server.one_connection_pool().await;
+    a_pass_across_migrations(&server, one_connection.clone(), 2, &["linguistic"]).await;
     // A pass under the new collation alone reads every key, on the same
     // connection (whose prepared pages once failed here: "cached plan must
     // not change result type").
-    drop(pass);
     let guard = guard_from(PgSource::new(one_connection, "tags", "name").page(2));
     assert_eq!(guard.rebuild().await.unwrap().keys, 4);
     assert_eq!(guard.check("c"), Verdict::MaybePresent);
@@ -578,47 +589,12 @@ async fn a_pass_across_a_change_of_the_key_columns_collation_fails() {
 /// went on after `B` with `c`, and the next, under "C" again (`B Z a c`),
 /// after `c` with nothing. The check at the pass's two ends found "C" at
 /// both, and the pass ended whole having read `B` and `c`. Each page's
-/// check now compares with the first page's.
+/// statement now says how it compared the keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collation_changed_and_changed_back_during_a_pass_fails_it() {
     let server = PostgresServer::start();
-    let pool = server.pool().await;
-    execute(
-        &pool,
-        &[
-            "CREATE COLLATION linguistic (provider = icu, locale = 'und')",
-            "CREATE TABLE tags (name text COLLATE \"C\" NOT NULL)",
-            "INSERT INTO tags VALUES ('B'), ('Z'), ('a'), ('c')",
-        ],
-    )
-    .await;
-    let source = PgSource::new(server.one_connection_pool().await, "tags", "name").page(1);
-    let mut pass = source.scan();
-    let mut read = pass.next().await.unwrap().unwrap();
-    let mut failed = None;
-    for collation in ["linguistic", "\"C\"", "\"C\""] {
-        let migration = format!("ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE {collation}");
-        sqlx::query(&migration).execute(&pool).await.unwrap();
-        match pass.next().await {
-            Some(Ok(keys)) => read.extend(keys),
-            Some(Err(error)) => {
-                failed = Some(error);
-                break;
-            }
-            None => break,
-        }
-    }
-    let Some(error) = failed else {
-        let read: Vec<_> = read
-            .iter()
-            .map(|key| String::from_utf8_lossy(key))
-            .collect();
-        panic!("the pass ended whole having read {read:?} of the 4 keys");
-    };
-    assert!(
-        error.to_string().contains("changed during the pass"),
-        "{error}"
-    );
+    let one_connection = server.one_connection_pool().await;
+    a_pass_across_migrations(&server, one_connection, 1, &["linguistic", "\"C\""]).await;
 }
 
 /// An upgrade of the library behind a collation (glibc 2.28 reordered most

@@ -441,9 +441,11 @@ impl Guard {
         }
     }
 
-    /// The verdict for `key` now, neither counted nor sampled.
+    /// The verdict for `key` now, neither counted nor sampled, from the
+    /// set a check reads (a swap publishes it before the inserts' one).
     fn peek(&self, key: &[u8]) -> Verdict {
-        self.verdict_in(&self.inner.live.load(), self.hash(key))
+        let hash = self.hash(key);
+        self.read_live(|live| self.verdict_in(live, hash))
     }
 
     /// Merges a filter built elsewhere (a snapshot shipped by other means than

@@ -90,9 +90,8 @@ fn key_check(relation: &str, key: &str, database_drift: &str) -> String {
 /// as the page's statement compared them (known without a row, from a
 /// subquery that reads none; the text under "C" whatever the column's, or
 /// a migration would change the page's result type, as its keys would),
-/// and when the server started and last ran
-/// crash recovery (which resets the shared stats, and their `stats_reset`,
-/// while the postmaster stays).
+/// and when the server started and last ran crash recovery (which resets
+/// the shared stats, and their `stats_reset`, while the postmaster stays).
 fn key_order(relation: &str, key: &str) -> String {
     let no_row = format!("(SELECT {key} FROM {relation} LIMIT 0)");
     format!(
@@ -122,9 +121,9 @@ type KeyMap = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 /// from version 10, libc ones from 13), but for the database's default
 /// only from 15: before 15, check the key's index after an upgrade of the
 /// operating system's C library (amcheck's `bt_index_check`) or `REINDEX`
-/// it. A pass on a standby fails too:
-/// it may lack writes its primary took, for longer than any write settle (each page is
-/// checked, as a router balancing reads may send any page to one). A
+/// it. A pass on a standby fails too: it may lack writes its primary
+/// took, for longer than any write settle (each page is checked, as a
+/// router balancing reads may send any page to one). A
 /// logical replica (a subscriber) is not in recovery and is not noticed:
 /// point the source at the primary.
 /// Each page runs in a transaction of its own (a pooler in statement mode,

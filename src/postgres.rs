@@ -224,28 +224,28 @@ impl PgSource {
     }
 
     fn over(pool: PgPool, relation: &str, key: &str) -> Self {
+        // Each page says whether the server that read it is a standby:
+        // behind a router that balances reads, any page may be read on one
+        // (and `pg_is_in_recovery()`, volatile, keeps pgpool's on the
+        // primary). One row even for an empty page. The keys come back
+        // under a fixed collation: a result that took the column's would
+        // change type with a migration of its collation, and every
+        // connection that had prepared the query would then fail each page
+        // ("cached plan must not change result type"); the pages are
+        // ordered by the column all the same.
+        let order = key_order(relation, key);
+        let page = |after: &str, limit: &str| {
+            format!(
+                "SELECT pg_is_in_recovery(), ARRAY(SELECT {key}::text FROM {relation} \
+                 WHERE {after} ORDER BY {key} LIMIT {limit}) COLLATE \"C\", {order}"
+            )
+        };
         Self {
             pool,
             // A NULL key names no item: the first page skips it, and later
-            // pages by `>`. Each page says whether the server that read it
-            // is a standby: behind a router that balances reads, any page
-            // may be read on one (and `pg_is_in_recovery()`, volatile, keeps
-            // pgpool's on the primary). One row even for an empty page.
-            // The keys come back under a fixed collation: a result that took
-            // the column's would change type with a migration of its
-            // collation, and every connection that had prepared the query
-            // would then fail each page ("cached plan must not change result
-            // type"); the pages are ordered by the column all the same.
-            first_page: format!(
-                "SELECT pg_is_in_recovery(), ARRAY(SELECT {key}::text FROM {relation} \
-                 WHERE {key} IS NOT NULL ORDER BY {key} LIMIT $1) COLLATE \"C\", {}",
-                key_order(relation, key)
-            ),
-            next_page: format!(
-                "SELECT pg_is_in_recovery(), ARRAY(SELECT {key}::text FROM {relation} \
-                 WHERE {key} > $1 ORDER BY {key} LIMIT $2) COLLATE \"C\", {}",
-                key_order(relation, key)
-            ),
+            // pages by `>`.
+            first_page: page(&format!("{key} IS NOT NULL"), "$1"),
+            next_page: page(&format!("{key} > $1"), "$2"),
             key_check: key_check(relation, key, DATABASE_COLLATION_DRIFT),
             key_check_before_15: key_check(relation, key, "NULL"),
             page: Self::DEFAULT_PAGE,

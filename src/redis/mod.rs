@@ -592,34 +592,27 @@ impl RedisSource {
             .into_iter()
             .any(|mode| field(mode) == Some("cluster"))
             || field("cluster_enabled") == Some("1");
-        let nodes: Option<String> = if node.is_some() {
-            Some(self.query_on(live, node, &nodes).await?)
-        } else if says_clustered {
-            match self.query_on(live, node, &nodes).await {
-                Ok(nodes) => Some(nodes),
-                Err(error) if refused(&error) => {
-                    return Err(not_trusted(format!(
-                        "CLUSTER NODES was refused ({error}) on a node whose INFO says it runs \
-                         in a cluster: the pass cannot tell whether its SCAN lists every key; \
-                         allow CLUSTER NODES, or use RedisSource::cluster"
-                    )));
-                }
-                Err(error) => return Err(error),
+        // Asked of every plain node too, whatever its `INFO` says (a
+        // compatible server's may name no mode). Where it names none, a
+        // refusal ("cluster support disabled" on a plain Redis, or denied)
+        // leaves nothing to check; one that may answer when asked again (a
+        // timeout, `LOADING`) fails the pass: the node may be one of a
+        // cluster, whose `SCAN` lists its own slots only.
+        let nodes: Option<String> = match self.query_on(live, node, &nodes).await {
+            Ok(nodes) => Some(nodes),
+            Err(error) if node.is_none() && says_clustered && refused(&error) => {
+                return Err(not_trusted(format!(
+                    "CLUSTER NODES was refused ({error}) on a node whose INFO says it runs \
+                     in a cluster: the pass cannot tell whether its SCAN lists every key; \
+                     allow CLUSTER NODES, or use RedisSource::cluster"
+                )));
             }
-        } else {
-            // Asked of every other plain node too (a compatible server's
-            // `INFO` may name no mode). Refused on a plain Redis ("cluster
-            // support disabled"), or denied: either way nothing to check.
-            // One that may answer when asked again (a timeout, `LOADING`)
-            // fails the pass: the node may be one of a cluster, whose
-            // `SCAN` lists its own slots only.
-            match self.query_on(live, node, &nodes).await {
-                Ok(nodes) => Some(nodes),
-                Err(error) if may_answer_later(&error) => return Err(error),
-                Err(error) => {
-                    tracing::debug!(%error, "CLUSTER NODES refused: read as not a cluster");
-                    None
-                }
+            Err(error) if node.is_some() || says_clustered || may_answer_later(&error) => {
+                return Err(error);
+            }
+            Err(error) => {
+                tracing::debug!(%error, "CLUSTER NODES refused: read as not a cluster");
+                None
             }
         };
         // A cluster of one master read as a plain Redis too: keys can move

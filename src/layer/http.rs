@@ -242,10 +242,7 @@ impl PathKey {
                     !segment.starts_with("{*"),
                     "route {template:?}: a wildcard's id spans segments, which PathKey does not key"
                 );
-                let is_parameter = segment.starts_with('{')
-                    && !segment.starts_with("{{")
-                    && segment.ends_with('}');
-                (!is_parameter).then(|| segment.to_owned())
+                (!is_parameter(segment)).then(|| segment.to_owned())
             })
             .collect();
         let parameters = segments.iter().filter(|s| s.is_none()).count();
@@ -390,16 +387,17 @@ impl PathKey {
             };
             match segment {
                 Some(literal) => part == literal,
-                // `{{…}}` is literal text; `{*…}` a wildcard of many segments.
-                None => {
-                    part.starts_with('{')
-                        && part.ends_with('}')
-                        && !part.starts_with("{{")
-                        && !part.starts_with("{*")
-                }
+                // `{*…}` is a wildcard of many segments.
+                None => is_parameter(part) && !part.starts_with("{*"),
             }
         })
     }
+}
+
+/// Whether a route's segment is a whole `{parameter}`: `{{…}}` is literal
+/// text.
+fn is_parameter(segment: &str) -> bool {
+    segment.starts_with('{') && !segment.starts_with("{{") && segment.ends_with('}')
 }
 
 /// Whether `literal`, a route's text, is `raw` once its `{{` and `}}`

@@ -87,16 +87,26 @@ fn key_check(relation: &str, key: &str, database_drift: &str) -> String {
 }
 
 /// The two columns of a page's [`KeyOrder`]: the key's type and collation
-/// as the page's statement compared them (known without a row, from a
-/// subquery that reads none; the text under "C" whatever the column's, or
-/// a migration would change the page's result type, as its keys would),
+/// as the page's statement compared them, by name and by oid (one dropped
+/// and made again under its name, a domain over another type or a locale
+/// of another order, is another), known without a row, from a subquery
+/// that reads none (the text under "C" whatever the column's, or a
+/// migration would change the page's result type, as its keys would);
 /// and when the server started and last ran crash recovery (which resets
 /// the shared stats, and their `stats_reset`, while the postmaster stays).
+/// The collation's oid is looked up by the name `pg_collation_for` gives,
+/// as in [`key_check`] (`regcollation` is from PostgreSQL 13).
 fn key_order(relation: &str, key: &str) -> String {
     let no_row = format!("(SELECT {key} FROM {relation} LIMIT 0)");
     format!(
-        "(format_type(pg_typeof({no_row}), NULL) || ' ' || \
-         coalesce(pg_collation_for({no_row}), 'no collation')) COLLATE \"C\", \
+        "(format_type(pg_typeof({no_row}), NULL) || ' (type ' || \
+         pg_typeof({no_row})::oid::text || ') under ' || \
+         coalesce(pg_collation_for({no_row}), 'no collation') || ' (collation ' || \
+         coalesce((SELECT string_agg(c.oid::text, ', ' ORDER BY c.oid) \
+          FROM pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace \
+          WHERE pg_collation_for({no_row}) COLLATE \"C\" IN (quote_ident(c.collname), \
+          quote_ident(n.nspname) || '.' || quote_ident(c.collname))), 'none') || ')') \
+         COLLATE \"C\", \
          extract(epoch FROM pg_postmaster_start_time())::text || ' ' || \
          coalesce(extract(epoch FROM (SELECT stats_reset FROM pg_stat_archiver))::text, '')"
     )

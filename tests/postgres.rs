@@ -513,23 +513,28 @@ async fn a_key_column_under_a_collation_the_check_cannot_find_fails_the_pass() {
     assert!(error.to_string().contains("was not found"), "{error}");
 }
 
-/// `tags(name text COLLATE "C")` holding `B Z a c`, and a collation
-/// `linguistic` that orders them `a B c Z`; then a pass over them on
-/// `source_pool`, pages of `page`, where the key column is migrated to the
-/// next of `collations` before each page after the first. Fails the test
-/// unless the pass fails, saying the collation changed.
+const TO_LINGUISTIC: &str = "ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE linguistic";
+const TO_BYTEWISE: &str = "ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE bytewise";
+
+/// `tags(name text COLLATE bytewise)` holding `B Z a c`, where `bytewise`
+/// is a libc "C" collation (`B Z a c`), and a collation `linguistic` that
+/// orders them `a B c Z`; then a pass over them on `source_pool`, pages of
+/// `page`, that runs the next of `migrations` before each page after the
+/// first. Fails the test unless the pass fails, saying the collation
+/// changed.
 async fn a_pass_across_migrations(
     server: &PostgresServer,
     source_pool: sqlx::PgPool,
     page: i64,
-    collations: &[&str],
+    migrations: &[&str],
 ) {
     let pool = server.pool().await;
     execute(
         &pool,
         &[
             "CREATE COLLATION linguistic (provider = icu, locale = 'und')",
-            "CREATE TABLE tags (name text COLLATE \"C\" NOT NULL)",
+            "CREATE COLLATION bytewise (provider = libc, locale = 'C')",
+            "CREATE TABLE tags (name text COLLATE bytewise NOT NULL)",
             "INSERT INTO tags VALUES ('B'), ('Z'), ('a'), ('c')",
         ],
     )
@@ -537,12 +542,11 @@ async fn a_pass_across_migrations(
     let source = PgSource::new(source_pool, "tags", "name").page(page);
     let mut pass = source.scan();
     let mut read = pass.next().await.unwrap().unwrap();
-    let mut collations = collations.iter();
+    let mut migrations = migrations.iter();
     let failed = loop {
-        if let Some(collation) = collations.next() {
-            let migration =
-                format!("ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE {collation}");
-            sqlx::query(&migration).execute(&pool).await.unwrap();
+        if let Some(migration) = migrations.next() {
+            // Raw: a migration of several statements runs as one transaction.
+            sqlx::raw_sql(migration).execute(&pool).await.unwrap();
         }
         match pass.next().await {
             Some(Ok(keys)) => read.extend(keys),
@@ -575,7 +579,7 @@ async fn a_pass_across_a_change_of_the_key_columns_collation_fails() {
     // One connection for every pass: the one that prepared the page
     // queries before the migration runs them after it.
     let one_connection = server.one_connection_pool().await;
-    a_pass_across_migrations(&server, one_connection.clone(), 2, &["linguistic"]).await;
+    a_pass_across_migrations(&server, one_connection.clone(), 2, &[TO_LINGUISTIC]).await;
     // A pass under the new collation alone reads every key, on the same
     // connection (whose prepared pages once failed here: "cached plan must
     // not change result type").
@@ -586,15 +590,32 @@ async fn a_pass_across_a_change_of_the_key_columns_collation_fails() {
 
 /// A migration of the key column's collation undone before the pass ended
 /// (a rollback deploy): the page read under the other collation (`a B c Z`)
-/// went on after `B` with `c`, and the next, under "C" again (`B Z a c`),
-/// after `c` with nothing. The check at the pass's two ends found "C" at
+/// went on after `B` with `c`, and the next, under `bytewise` again (`B Z a c`),
+/// after `c` with nothing. The check at the pass's two ends found `bytewise` at
 /// both, and the pass ended whole having read `B` and `c`. Each page's
 /// statement now says how it compared the keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collation_changed_and_changed_back_during_a_pass_fails_it() {
     let server = PostgresServer::start();
     let one_connection = server.one_connection_pool().await;
-    a_pass_across_migrations(&server, one_connection, 1, &["linguistic", "\"C\""]).await;
+    a_pass_across_migrations(&server, one_connection, 1, &[TO_LINGUISTIC, TO_BYTEWISE]).await;
+}
+
+/// A migration that drops the key column's collation and makes another
+/// under its name, in one transaction (`bytewise`, "C" order `B Z a c`,
+/// again as a linguistic one, `a B c Z`): every page named the same type
+/// and collation, and the pass ended whole having read `B` and `Z`. Each
+/// page's statement now names them by oid too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collation_made_again_under_its_name_during_a_pass_fails_it() {
+    let server = PostgresServer::start();
+    let one_connection = server.one_connection_pool().await;
+    let remake_bytewise_as_linguistic = "\
+        ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE \"C\"; \
+        DROP COLLATION bytewise; \
+        CREATE COLLATION bytewise (provider = icu, locale = 'und'); \
+        ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE bytewise";
+    a_pass_across_migrations(&server, one_connection, 2, &[remake_bytewise_as_linguistic]).await;
 }
 
 /// An upgrade of the library behind a collation (glibc 2.28 reordered most

@@ -173,7 +173,9 @@ struct Inner {
     /// before its drop, so every rotation writes them into the generation
     /// it opens, or one open across `generations` rotations would be in no
     /// filter the guard reads. A mutex taken twice a write, on rotating
-    /// guards only: the registry is empty between writes.
+    /// guards only: the registry is empty between writes. A rotation holds
+    /// it from its read until its set is published (taken before the swap
+    /// lock, never after).
     open_write_keys: Mutex<HashMap<u64, usize>>,
     /// The verifying half of the staleness check, taken by the maintenance task.
     verifier: Mutex<Option<Verifier>>,
@@ -567,9 +569,9 @@ impl Guard {
         let hash = self.hash(key.as_ref());
         let writes = self.inner.live.writes();
         let counted = writes.enter();
-        // Before the load: a rotation that reads the registry before this
-        // published its set before the load too, so the insert below goes
-        // into that set's newest generation or a later one.
+        // Before the load: a rotation that read the registry before this
+        // held it until its set was published, so the load below finds that
+        // set (or a later one) and the insert goes into its newest generation.
         self.keep_in_rotations(hash);
         let live = self.inner.live.load();
         self.insert_into(&live, hash);
@@ -993,12 +995,17 @@ impl Guard {
         let _span = tracing::info_span!("bloomguard.rotate", guard = %self.inner.name).entered();
         let rate = self.first_filter_rate();
         let filter = self.new_filter(self.inner.expected_items, rate)?;
+        // Held until the new set is published: a write that registers after
+        // this read loads that set (see `begin_write`), whatever number of
+        // generations the rotation keeps.
+        let open_writes = unpoisoned(self.inner.open_write_keys.lock());
         self.inner.live.rotate(generations, due, || {
-            for &hash in unpoisoned(self.inner.open_write_keys.lock()).keys() {
+            for &hash in open_writes.keys() {
                 filter.insert_hashed(hash);
             }
             Generation::new(filter, self.inner.expected_items, rate)
         });
+        drop(open_writes);
         Ok(())
     }
 

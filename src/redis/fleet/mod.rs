@@ -73,7 +73,12 @@
 //!   stream only members that were caught up mark it. So after a restart
 //!   from an older dump, what a lapsed member lacks comes from a caught-up
 //!   member's snapshot; if no member was caught up (Redis down for longer
-//!   than a lease), the kept stream is all there is. A failover back to a
+//!   than a lease), the kept stream is all there is: the members keep what
+//!   they held, and one that joins loads a snapshot one of them publishes
+//!   on learning of the new record, but a member whose lease had lapsed
+//!   before the outage lacks the keys acknowledged without it that the
+//!   dump cut, answers `Absent` for them, and may publish that snapshot
+//!   (a double fault; known, not fixed). A failover back to a
 //!   master that never resynced keeps its run id, and is not noticed.
 //! - **One configuration per fleet.** The first member records the settings
 //!   that must agree (seed, size, rate, lifecycle, write settle, lease, and

@@ -348,6 +348,16 @@ where
     /// last as long as the lag). Over a replica, set the write settle above
     /// its lag, or keep the cache off.
     ///
+    /// In a fleet, another member's [`FleetWrite`](crate::redis::FleetWrite)
+    /// is open on that member only: here its key is stamped when its entry
+    /// is applied, and again when the write, if slower than half the settle,
+    /// is announced as landed ([`FleetWrite::finish`](crate::redis::FleetWrite::finish)).
+    /// A miss asked here past the settle, while such a write was in flight,
+    /// is remembered, and answered from the cache from the write's landing
+    /// until that announcement is applied here (for `ttl` if it never is).
+    /// Where fleet writes may take longer than the write settle, raise the
+    /// settle above them, or keep the cache off.
+    ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
     /// use std::time::Duration;

@@ -36,7 +36,7 @@ use tokio::sync::OnceCell;
 
 pub mod fleet;
 
-pub use fleet::{FleetError, FleetHandle, FleetSync, FleetWriteError, StreamPosition};
+pub use fleet::{FleetError, FleetHandle, FleetSync, FleetWrite, FleetWriteError, StreamPosition};
 
 use crate::guard::source::{KeyBatch, KeySource, KeyStream, SourceError};
 use crate::loader::Loader;

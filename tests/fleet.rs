@@ -2661,6 +2661,88 @@ async fn a_slow_write_dropped_unfinished_still_clears_the_other_members_cached_a
     }
 }
 
+/// A slow write whose second append Redis refused (here an ACL that denies
+/// the writer the stream for a while; a failover, a cut connection), in
+/// `finish` and in the one retry made after it: b, asked about the key
+/// while the write was in flight and past the write settle, kept the
+/// backend's "absent" in its confirmed-absent cache, and nothing announced
+/// the key to b again, so the cache answered absent for a stored key for
+/// its ttl (and a rebuild shared meanwhile would have left it out of every
+/// member). The second append is retried until Redis takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_writes_refused_second_append_is_retried_until_redis_takes_it() {
+    use bloomguard::{GuardedLoader, Verify};
+
+    let server = RedisServer::start();
+    let mut connection = server.client().get_connection().unwrap();
+    let writer_acl = |keys: &[&str]| {
+        let mut command = redis::cmd("ACL");
+        command
+            .arg("SETUSER")
+            .arg("writer")
+            .arg("on")
+            .arg(">pw")
+            .arg("+@all")
+            .arg("&*");
+        command.arg("resetkeys");
+        for pattern in keys {
+            command.arg(pattern);
+        }
+        command
+    };
+    let () = writer_acl(&["~*"]).query(&mut connection).unwrap();
+    let as_writer =
+        redis::Client::open(format!("redis://writer:pw@127.0.0.1:{}/", server.port)).unwrap();
+    let a = join(guard("a"), as_writer, "refused").await;
+    let b = join(guard("b"), server.client(), "refused").await;
+    let ledger = Ledger::default();
+    let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let loader = GuardedLoader::new(b.guard().clone(), ledger_backend(&ledger, &asked))
+        .verify(Verify::All)
+        .unwrap()
+        .confirmed_absent_cache(1_000, Duration::from_secs(600))
+        .unwrap();
+
+    let write = a.fleet.begin_write("slow").await.unwrap();
+    tokio::time::sleep(RebuildPolicy::DEFAULT_WRITE_SETTLE * 2).await;
+    assert!(!loader.contains("slow").await.unwrap(), "not written yet");
+    ledger.store.lock().unwrap().insert("slow".to_owned());
+    // Everything but writes to the stream (`{refused}:inserts`, and its
+    // `:trimmed`): renewals and reads go on.
+    let () = writer_acl(&["~{refused}:[^i]*", "%R~{refused}:inserts*"])
+        .query(&mut connection)
+        .unwrap();
+    assert!(
+        write.finish().await.is_err(),
+        "the second append was refused"
+    );
+    wait_until("the second append's retry to be refused too", || {
+        let denials: Vec<redis::Value> =
+            redis::cmd("ACL").arg("LOG").query(&mut connection).unwrap();
+        let entries: Vec<std::collections::HashMap<String, redis::Value>> = denials
+            .into_iter()
+            .map(|entry| redis::from_redis_value(entry).unwrap())
+            .collect();
+        entries
+            .iter()
+            .filter_map(|entry| entry.get("count"))
+            .map(|count| redis::from_redis_value::<u64>(count.clone()).unwrap())
+            .sum::<u64>()
+            >= 2
+    })
+    .await;
+    let () = writer_acl(&["~*"]).query(&mut connection).unwrap();
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !loader.contains("slow").await.unwrap() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b's cache kept answering absent for a stored key"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_the_fleet_keeps_its_contract_across_a_failover() {
     // Two replicas per master: once one is promoted, the other still holds

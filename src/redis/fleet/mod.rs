@@ -1265,8 +1265,9 @@ impl Drop for MembershipEnds {
 ///
 /// Dropped unfinished (its task cancelled, a client gone) more than half
 /// the write settle after its append, it appends its keys again in the
-/// background, on the tokio runtime it is dropped on, as `finish` would,
-/// but waits for no member: the write may have landed, and a member whose
+/// background, on the tokio runtime it is dropped on, as `finish` would
+/// (tried until Redis takes them, or the member is gone), but waits for
+/// no member: the write may have landed, and a member whose
 /// rebuild read its source earlier, or whose
 /// [confirmed-absent cache](crate::GuardedLoader::confirmed_absent_cache)
 /// kept the store's "absent" from before it landed, learns the key again.
@@ -1292,12 +1293,15 @@ impl FleetWrite {
     /// the write landed still gets the key; faster ones return at once.
     ///
     /// # Errors
-    /// The second append or its acknowledgement failed: a member rebuilding
-    /// now may miss the key until its next rebuild, one whose
-    /// confirmed-absent cache asked the store before the write landed may
-    /// answer absent for it for the cache's ttl, and on a rotating guard a
-    /// member that did not apply it counts the key's window from the first.
-    /// (A failed append is tried once more in the background, as a drop.)
+    /// The second append or its acknowledgement failed. A failed append is
+    /// tried again in the background, as at a drop, until Redis takes it
+    /// (backing off to a lease between tries) or the member is gone; until
+    /// then a member whose rebuild read its source before the write landed
+    /// lacks the key, and so does every member that replaces its set with
+    /// that rebuild, a member whose confirmed-absent cache asked the store
+    /// before the write landed may answer absent for it, and on a rotating
+    /// guard a member that did not apply it counts the key's window from
+    /// the first append.
     pub async fn finish(mut self) -> Result<(), FleetError> {
         if self.landed_late() {
             let appended = self.fleet.append(&self.keys, true).await?;
@@ -1326,20 +1330,55 @@ impl Drop for FleetWrite {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let fleet = self.fleet.clone();
+        let member = Arc::downgrade(&self.fleet.inner);
         let keys = std::mem::take(&mut self.keys);
         // This member's own `PendingWrite`s end with the drop (the fields'),
         // not with a task that a runtime no longer driven may never run.
-        runtime.spawn(async move {
-            if let Err(error) = fleet.append(&keys, true).await {
-                tracing::warn!(
-                    %error,
-                    keys = keys.len(),
-                    "cannot announce an unfinished slow write again: members may miss its keys \
-                     until they rebuild"
-                );
+        runtime.spawn(announce_landed(member, keys));
+    }
+}
+
+/// Appends the keys of a slow write that has (or may have) landed again,
+/// until Redis takes them: a member whose rebuild read its source before
+/// the write landed lacks them until then, and so does every member that
+/// replaces its set with that rebuild. Given up once the member is gone.
+async fn announce_landed(member: std::sync::Weak<Inner>, keys: Vec<Vec<u8>>) {
+    let mut wait = Duration::from_millis(100);
+    let mut failed = 0_u32;
+    loop {
+        let Some(inner) = member.upgrade() else {
+            tracing::warn!(
+                keys = keys.len(),
+                failed,
+                "the member ended before a slow write could be announced again: members may \
+                 miss its keys until they rebuild"
+            );
+            return;
+        };
+        let fleet = FleetSync { inner };
+        match fleet.append(&keys, true).await {
+            Ok(_) => {
+                if failed > 0 {
+                    tracing::info!(keys = keys.len(), failed, "slow write announced again");
+                }
+                return;
             }
-        });
+            Err(FleetError::ShuttingDown) => return,
+            Err(error) => {
+                if failed == 0 {
+                    tracing::warn!(
+                        %error,
+                        keys = keys.len(),
+                        "cannot announce a slow write again; retrying until Redis takes it"
+                    );
+                }
+                failed += 1;
+            }
+        }
+        let lease = fleet.inner.settings.lease;
+        drop(fleet);
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(lease);
     }
 }
 

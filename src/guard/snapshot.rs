@@ -521,4 +521,48 @@ mod tests {
         assert!(other.replace_from_snapshot(snapshot, true, false).is_err());
         assert!(!other.is_fenced());
     }
+
+    /// The checksum keeps a fuzzer's bytes from ever reaching the parser
+    /// (AFL cannot forge it), so the parser is tried here past it: a valid
+    /// set with bytes overwritten, cut short or lengthened, checksummed
+    /// again, decodes or is refused, and never panics or allocates for a
+    /// forged length.
+    #[test]
+    fn a_forged_set_with_a_good_checksum_is_refused_without_a_panic() {
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, RngSeed, TestRunner};
+
+        let guard = rotated_once(1_000, 3);
+        let valid = guard.encode_live_set().unwrap();
+        let content_len = valid.len() - CHECKSUM_LEN;
+        let mut runner = TestRunner::new(Config {
+            cases: 2_000,
+            rng_seed: RngSeed::Fixed(0x5eed),
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let forgeries = (
+            proptest::collection::vec((5..content_len, any::<u8>()), 0..8),
+            prop_oneof![Just(None), (5..content_len).prop_map(Some)],
+            proptest::collection::vec(any::<u8>(), 0..16),
+        );
+        runner
+            .run(&forgeries, |(overwrites, cut_at, appended)| {
+                let mut content = valid[..content_len].to_vec();
+                for (at, byte) in overwrites {
+                    content[at] = byte;
+                }
+                if let Some(at) = cut_at {
+                    content.truncate(at);
+                }
+                content.extend_from_slice(&appended);
+                let checksum = xxh3_64(&content);
+                content.extend_from_slice(&checksum.to_le_bytes());
+                if let Ok(set) = LiveSnapshot::from_bytes(&content) {
+                    prop_assert!(!set.filters.is_empty() && set.filters.len() <= MAX_FILTERS);
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
 }

@@ -94,8 +94,10 @@ fn key_check(relation: &str, key: &str, database_drift: &str) -> String {
 /// migration would change the page's result type, as its keys would);
 /// and when the server started and last ran crash recovery (which resets
 /// the shared stats, and their `stats_reset`, while the postmaster stays).
-/// The collation's oid is looked up by the name `pg_collation_for` gives,
-/// as in [`key_check`] (`regcollation` is from PostgreSQL 13).
+/// The collation's oid is looked up by the name `pg_collation_for` gives
+/// (`regcollation` is from PostgreSQL 13): qualified, or else the one the
+/// search path shows, so that one of that name made in another schema
+/// meanwhile fails no pass.
 fn key_order(relation: &str, key: &str) -> String {
     let no_row = format!("(SELECT {key} FROM {relation} LIMIT 0)");
     format!(
@@ -104,8 +106,9 @@ fn key_order(relation: &str, key: &str) -> String {
          coalesce(pg_collation_for({no_row}), 'no collation') || ' (collation ' || \
          coalesce((SELECT string_agg(c.oid::text, ', ' ORDER BY c.oid) \
           FROM pg_collation c JOIN pg_namespace n ON n.oid = c.collnamespace \
-          WHERE pg_collation_for({no_row}) COLLATE \"C\" IN (quote_ident(c.collname), \
-          quote_ident(n.nspname) || '.' || quote_ident(c.collname))), 'none') || ')') \
+          WHERE (pg_collation_is_visible(c.oid) AND pg_collation_for({no_row}) COLLATE \"C\" \
+          = quote_ident(c.collname)) OR pg_collation_for({no_row}) COLLATE \"C\" \
+          = quote_ident(n.nspname) || '.' || quote_ident(c.collname)), 'none') || ')') \
          COLLATE \"C\", \
          extract(epoch FROM pg_postmaster_start_time())::text || ' ' || \
          coalesce(extract(epoch FROM (SELECT stats_reset FROM pg_stat_archiver))::text, '')"

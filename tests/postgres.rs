@@ -513,6 +513,24 @@ async fn a_key_column_under_a_collation_the_check_cannot_find_fails_the_pass() {
     assert!(error.to_string().contains("was not found"), "{error}");
 }
 
+/// `tags(name text COLLATE {collation})` holding `B Z a c`, and the
+/// collations `linguistic` (`a B c Z`), `bytewise` and `elsewhere.bytewise`
+/// (both libc "C": `B Z a c`; `elsewhere` is off the search path).
+async fn tags_under_bytewise(pool: &sqlx::PgPool, collation: &str) {
+    execute(
+        pool,
+        &[
+            "CREATE COLLATION linguistic (provider = icu, locale = 'und')",
+            "CREATE COLLATION bytewise (provider = libc, locale = 'C')",
+            "CREATE SCHEMA elsewhere",
+            "CREATE COLLATION elsewhere.bytewise (provider = libc, locale = 'C')",
+            &format!("CREATE TABLE tags (name text COLLATE {collation} NOT NULL)"),
+            "INSERT INTO tags VALUES ('B'), ('Z'), ('a'), ('c')",
+        ],
+    )
+    .await;
+}
+
 const TO_LINGUISTIC: &str = "ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE linguistic";
 const TO_BYTEWISE: &str = "ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE bytewise";
 
@@ -529,16 +547,7 @@ async fn a_pass_across_migrations(
     migrations: &[&str],
 ) {
     let pool = server.pool().await;
-    execute(
-        &pool,
-        &[
-            "CREATE COLLATION linguistic (provider = icu, locale = 'und')",
-            "CREATE COLLATION bytewise (provider = libc, locale = 'C')",
-            "CREATE TABLE tags (name text COLLATE bytewise NOT NULL)",
-            "INSERT INTO tags VALUES ('B'), ('Z'), ('a'), ('c')",
-        ],
-    )
-    .await;
+    tags_under_bytewise(&pool, "bytewise").await;
     let source = PgSource::new(source_pool, "tags", "name").page(page);
     let mut pass = source.scan();
     let mut read = pass.next().await.unwrap().unwrap();
@@ -616,6 +625,67 @@ async fn a_collation_made_again_under_its_name_during_a_pass_fails_it() {
         CREATE COLLATION bytewise (provider = icu, locale = 'und'); \
         ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE bytewise";
     a_pass_across_migrations(&server, one_connection, 2, &[remake_bytewise_as_linguistic]).await;
+}
+
+/// The same under a collation named with its schema, off the search path
+/// (`elsewhere.bytewise`), which the page's lookup finds by that name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qualified_collation_made_again_under_its_name_during_a_pass_fails_it() {
+    let server = PostgresServer::start();
+    let pool = server.pool().await;
+    tags_under_bytewise(&pool, "elsewhere.bytewise").await;
+    let source = PgSource::new(server.one_connection_pool().await, "tags", "name").page(2);
+    let mut pass = source.scan();
+    let mut read = pass.next().await.unwrap().unwrap();
+    sqlx::raw_sql(
+        "ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE \"C\"; \
+         DROP COLLATION elsewhere.bytewise; \
+         CREATE COLLATION elsewhere.bytewise (provider = icu, locale = 'und'); \
+         ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE elsewhere.bytewise",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let error = loop {
+        match pass.next().await {
+            Some(Ok(keys)) => read.extend(keys),
+            Some(Err(error)) => break error,
+            None => panic!(
+                "the pass ended whole having read {} of the 4 keys",
+                read.len()
+            ),
+        }
+    };
+    assert!(
+        error.to_string().contains("changed during the pass"),
+        "{error}"
+    );
+}
+
+/// A collation of the key column's name made in another schema during a
+/// pass (a tenant's, off the search path) changes nothing the pages
+/// compare with: the pass reads every key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collation_of_the_same_name_made_elsewhere_during_a_pass_fails_nothing() {
+    let server = PostgresServer::start();
+    let pool = server.pool().await;
+    tags_under_bytewise(&pool, "bytewise").await;
+    let source = PgSource::new(server.one_connection_pool().await, "tags", "name").page(2);
+    let mut pass = source.scan();
+    let mut read = pass.next().await.unwrap().unwrap();
+    execute(
+        &pool,
+        &[
+            "CREATE SCHEMA tenant",
+            "CREATE COLLATION tenant.bytewise (provider = icu, locale = 'und')",
+        ],
+    )
+    .await;
+    while let Some(keys) = pass.next().await {
+        read.extend(keys.unwrap());
+    }
+    read.sort();
+    assert_eq!(read, [&b"B"[..], b"Z", b"a", b"c"]);
 }
 
 /// An upgrade of the library behind a collation (glibc 2.28 reordered most

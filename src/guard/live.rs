@@ -103,8 +103,16 @@ impl LiveState {
     /// set happens after it, so a check after that insert reads the new set
     /// too. Callers hold the swap lock.
     fn publish(&self, next: LiveSet) {
+        self.publish_then(next, || ());
+    }
+
+    /// [`publish`](Self::publish), running `published` once checks and
+    /// inserts find `next`, before the sets it replaced are reclaimed
+    /// (which waits for the reads of them, and may free large filters).
+    fn publish_then(&self, next: LiveSet, published: impl FnOnce()) {
         let next = Arc::new(next.answering_found());
         self.checked.replace_then(next, |next| self.set.store(next));
+        published();
         self.checked.reclaim(Some(sections::GRACE_WAIT));
     }
 
@@ -212,22 +220,26 @@ impl LiveState {
     /// window, which ends `keep - 1` rotations on. A warming guard is left alone
     /// (its first build opens the first generation), and so is a set whose
     /// newest generation `due` does not find due.
-    pub(crate) fn rotate(
+    ///
+    /// `open` returns, beside the generation, what to hold until the set is
+    /// published (and no longer: not through the reclaim).
+    pub(crate) fn rotate<Held>(
         &self,
         keep: usize,
         due: impl Fn(&Generation) -> bool,
-        open: impl FnOnce() -> Generation,
+        open: impl FnOnce() -> (Generation, Held),
     ) {
         let _swap = unpoisoned(self.swap_lock.lock());
         let set = self.set.load();
         if set.warming || !set.newest().is_some_and(|newest| due(newest)) {
             return;
         }
-        let fresh = Arc::new(open().with_clock_held());
+        let (generation, held) = open();
+        let fresh = Arc::new(generation.with_clock_held());
         let keep_from = (set.generations.len() + 1).saturating_sub(keep);
         let mut kept = set.generations[keep_from..].to_vec();
         kept.push(Arc::clone(&fresh));
-        self.publish(set.replaced(kept));
+        self.publish_then(set.replaced(kept), || drop(held));
         fresh.start_clock();
     }
 
@@ -604,7 +616,7 @@ mod tests {
         let replaced = Arc::downgrade(&state.load_full());
         let record = sections::registry().claim();
         let number = state.read(record, |set| set.number);
-        state.rotate(1, |_| true, generation);
+        state.rotate(1, |_| true, || (generation(), ()));
         // Another test's check may be inside a section for a moment.
         state.reclaim(None);
         assert!(replaced.upgrade().is_none(), "the replaced set was freed");
@@ -652,9 +664,9 @@ mod tests {
         assert!(state.commit_shadow(&shadow));
         assert_derived(&state, "warming ended by a commit");
         assert!(state.load().answering.is_some());
-        state.rotate(2, |_| true, generation);
+        state.rotate(2, |_| true, || (generation(), ()));
         assert_derived(&state, "two generations");
-        state.rotate(1, |_| true, generation);
+        state.rotate(1, |_| true, || (generation(), ()));
         assert_derived(&state, "one generation again");
         let shadow = new_shadow();
         state.install_shadow(Arc::clone(&shadow));
@@ -795,7 +807,7 @@ mod tests {
             for _ in 0..4 {
                 scope.spawn(|| {
                     for _ in 0..100 {
-                        state.rotate(3, |_| true, generation);
+                        state.rotate(3, |_| true, || (generation(), ()));
                     }
                 });
             }

@@ -174,8 +174,9 @@ struct Inner {
     /// it opens, or one open across `generations` rotations would be in no
     /// filter the guard reads. A mutex taken twice a write, on rotating
     /// guards only: the registry is empty between writes. A rotation holds
-    /// it from its read until its set is published (taken before the swap
-    /// lock, never after).
+    /// it from its read until its set is published (taken under the swap
+    /// lock; nothing takes that lock while holding this one), not through
+    /// the reclaim that follows.
     open_write_keys: Mutex<HashMap<u64, usize>>,
     /// The verifying half of the staleness check, taken by the maintenance task.
     verifier: Mutex<Option<Verifier>>,
@@ -995,17 +996,19 @@ impl Guard {
         let _span = tracing::info_span!("bloomguard.rotate", guard = %self.inner.name).entered();
         let rate = self.first_filter_rate();
         let filter = self.new_filter(self.inner.expected_items, rate)?;
-        // Held until the new set is published: a write that registers after
-        // this read loads that set (see `begin_write`), whatever number of
-        // generations the rotation keeps.
-        let open_writes = unpoisoned(self.inner.open_write_keys.lock());
         self.inner.live.rotate(generations, due, || {
+            // Held until the new set is published: a write that registers
+            // after this read loads that set (see `begin_write`), whatever
+            // number of generations the rotation keeps.
+            let open_writes = unpoisoned(self.inner.open_write_keys.lock());
             for &hash in open_writes.keys() {
                 filter.insert_hashed(hash);
             }
-            Generation::new(filter, self.inner.expected_items, rate)
+            (
+                Generation::new(filter, self.inner.expected_items, rate),
+                open_writes,
+            )
         });
-        drop(open_writes);
         Ok(())
     }
 
@@ -1197,7 +1200,7 @@ mod tests {
                         inserted_at = Some(tokio::time::Instant::now());
                     });
                 });
-                fresh
+                (fresh, ())
             },
         );
         let live = guard.inner.live.load();

@@ -251,6 +251,17 @@ struct Inner {
     /// record this member has not taken in).
     renewal_wanted: Notify,
     counters: FleetCounters,
+    /// Keys of slow writes to announce as landed again (`announce_landed`).
+    landed_unannounced: Mutex<LandedUnannounced>,
+}
+
+/// Keys of slow writes whose second append is still to be made, and
+/// whether a task is making it: one task per member, however many such
+/// writes there are, and each key once.
+#[derive(Default)]
+struct LandedUnannounced {
+    keys: std::collections::HashSet<Vec<u8>>,
+    announcing: bool,
 }
 
 /// Where a fleet's Redis is: one node, or a cluster (with its seed nodes:
@@ -600,6 +611,7 @@ impl FleetSyncBuilder {
                 snapshot_requested: Notify::new(),
                 renewal_wanted: Notify::new(),
                 counters: FleetCounters::default(),
+                landed_unannounced: Mutex::default(),
             }),
         }
     }
@@ -1266,8 +1278,8 @@ impl Drop for MembershipEnds {
 /// Dropped unfinished (its task cancelled, a client gone) more than half
 /// the write settle after its append, it appends its keys again in the
 /// background, on the tokio runtime it is dropped on, as `finish` would
-/// (tried until Redis takes them, or the member is gone), but waits for
-/// no member: the write may have landed, and a member whose
+/// (tried until Redis takes them, while a `FleetSync` of the member
+/// lives), but waits for no member: the write may have landed, and a member whose
 /// rebuild read its source earlier, or whose
 /// [confirmed-absent cache](crate::GuardedLoader::confirmed_absent_cache)
 /// kept the store's "absent" from before it landed, learns the key again.
@@ -1295,7 +1307,9 @@ impl FleetWrite {
     /// # Errors
     /// The second append or its acknowledgement failed. A failed append is
     /// tried again in the background, as at a drop, until Redis takes it
-    /// (backing off to a lease between tries) or the member is gone; until
+    /// (one task per member for every such write, each key once, backing
+    /// off to a lease between tries) or no `FleetSync` of the member is
+    /// left, having left the fleet or not; until
     /// then a member whose rebuild read its source before the write landed
     /// lacks the key, and so does every member that replaces its set with
     /// that rebuild, a member whose confirmed-absent cache asked the store
@@ -1330,55 +1344,124 @@ impl Drop for FleetWrite {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let member = Arc::downgrade(&self.fleet.inner);
         let keys = std::mem::take(&mut self.keys);
         // This member's own `PendingWrite`s end with the drop (the fields'),
         // not with a task that a runtime no longer driven may never run.
-        runtime.spawn(announce_landed(member, keys));
+        self.fleet.announce_landed(keys, &runtime);
     }
 }
 
-/// Appends the keys of a slow write that has (or may have) landed again,
-/// until Redis takes them: a member whose rebuild read its source before
-/// the write landed lacks them until then, and so does every member that
-/// replaces its set with that rebuild. Given up once the member is gone.
-async fn announce_landed(member: std::sync::Weak<Inner>, keys: Vec<Vec<u8>>) {
-    let mut wait = Duration::from_millis(100);
-    let mut failed = 0_u32;
-    loop {
-        let Some(inner) = member.upgrade() else {
-            tracing::warn!(
-                keys = keys.len(),
-                failed,
-                "the member ended before a slow write could be announced again: members may \
-                 miss its keys until they rebuild"
-            );
+/// Keys appended by one `announce_landed` append at most.
+const ANNOUNCED_AT_ONCE: usize = 1_024;
+
+impl FleetSync {
+    /// Appends the keys of a slow write that has (or may have) landed
+    /// again, in the background, until Redis takes them: a member whose
+    /// rebuild read its source before the write landed lacks them until
+    /// then, and so does every member that replaces its set with that
+    /// rebuild. One task per member retries every such key, backing off to
+    /// a lease between tries, for as long as any handle to the member
+    /// (a `FleetSync` clone) lives.
+    fn announce_landed(&self, keys: Vec<Vec<u8>>, runtime: &tokio::runtime::Handle) {
+        let mut unannounced = unpoisoned(self.inner.landed_unannounced.lock());
+        unannounced.keys.extend(keys);
+        if std::mem::replace(&mut unannounced.announcing, true) {
             return;
-        };
-        let fleet = FleetSync { inner };
-        match fleet.append(&keys, true).await {
-            Ok(_) => {
-                if failed > 0 {
-                    tracing::info!(keys = keys.len(), failed, "slow write announced again");
-                }
-                return;
-            }
-            Err(FleetError::ShuttingDown) => return,
-            Err(error) => {
-                if failed == 0 {
-                    tracing::warn!(
-                        %error,
-                        keys = keys.len(),
-                        "cannot announce a slow write again; retrying until Redis takes it"
-                    );
-                }
-                failed += 1;
-            }
         }
-        let lease = fleet.inner.settings.lease;
-        drop(fleet);
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(lease);
+        drop(unannounced);
+        // The first append holds the member, as the write did; the retries
+        // after it do not keep it alive.
+        let fleet = self.clone();
+        runtime.spawn(async move {
+            let mut announcing = Announcing {
+                member: Arc::downgrade(&fleet.inner),
+                released: false,
+            };
+            let mut fleet = Some(fleet);
+            let mut wait = Duration::from_millis(100);
+            let mut failed = 0_u32;
+            loop {
+                let Some(member) = fleet.take().or_else(|| announcing.member()) else {
+                    tracing::warn!(
+                        failed,
+                        "the member ended before slow writes could be announced again: members \
+                         may miss their keys until they rebuild"
+                    );
+                    return;
+                };
+                let keys: Vec<Vec<u8>> = {
+                    let mut unannounced = unpoisoned(member.inner.landed_unannounced.lock());
+                    if unannounced.keys.is_empty() {
+                        // Under the lock: a write that adds keys after this
+                        // starts a task of its own.
+                        unannounced.announcing = false;
+                        announcing.released = true;
+                        return;
+                    }
+                    let take: Vec<Vec<u8>> = unannounced
+                        .keys
+                        .iter()
+                        .take(ANNOUNCED_AT_ONCE)
+                        .cloned()
+                        .collect();
+                    for key in &take {
+                        unannounced.keys.remove(key);
+                    }
+                    take
+                };
+                match member.append(&keys, true).await {
+                    Ok(_) => {
+                        if failed > 0 {
+                            tracing::info!(failed, "slow writes announced again");
+                        }
+                        failed = 0;
+                        wait = Duration::from_millis(100);
+                        continue;
+                    }
+                    Err(error) => {
+                        if failed == 0 {
+                            tracing::warn!(
+                                %error,
+                                keys = keys.len(),
+                                "cannot announce slow writes again; retrying until Redis takes them"
+                            );
+                        }
+                        failed += 1;
+                        unpoisoned(member.inner.landed_unannounced.lock())
+                            .keys
+                            .extend(keys);
+                    }
+                }
+                let lease = member.inner.settings.lease;
+                drop(member);
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(lease);
+            }
+        });
+    }
+}
+
+/// The announcing task of a member: marks it ended however it ends (its
+/// runtime shut down, too), so that a later write starts another.
+struct Announcing {
+    member: std::sync::Weak<Inner>,
+    /// Marked ended already, by the task.
+    released: bool,
+}
+
+impl Announcing {
+    fn member(&self) -> Option<FleetSync> {
+        self.member.upgrade().map(|inner| FleetSync { inner })
+    }
+}
+
+impl Drop for Announcing {
+    fn drop(&mut self) {
+        if !self.released
+            && let Some(inner) = self.member.upgrade()
+        {
+            unpoisoned(inner.landed_unannounced.lock()).announcing = false;
+        }
     }
 }
 

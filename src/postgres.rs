@@ -520,10 +520,14 @@ impl fmt::Debug for PgSource {
 /// sent as `text`, and `= $1` on a column of another type fails every call
 /// (implement [`Loader`] with the query that casts for such a column). It
 /// must compare keys byte for byte, as the guard does: a
-/// deterministic collation, not one that ignores case or accents, and not
-/// `citext`. Under those, `= $1` finds the row of `'A'` for `'a'`, which a
-/// guard holding `'A'` answers absent without asking. [`PgSource`] refuses
-/// such a column; the loader cannot, since the guard answers before it runs.
+/// deterministic collation, not one that ignores case or accents. Under
+/// those, `= $1` finds the row of `'A'` for `'a'`, which a guard holding
+/// `'A'` answers absent without asking. [`PgSource`] refuses such a column;
+/// the loader cannot, since the guard answers before it runs. (A `citext`
+/// column compares with the text parameter as text, byte for byte, so the
+/// loader finds `'A'` for `'A'` alone; it is the source's pages that its
+/// ordering breaks, and a source over it lists it as text: `from_query`
+/// with `SELECT email::text AS email`.)
 ///
 /// A pool over a read replica answers from it: its lag must fit the
 /// guard's write settle, or a read just after a write misses it (and a

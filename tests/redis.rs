@@ -345,6 +345,28 @@ async fn a_pattern_that_cannot_match_the_stripped_prefix_fails_the_pass() {
     assert_eq!(escaped.check("1"), Verdict::MaybePresent);
 }
 
+/// An empty pattern (a setting left unset: `RedisSource::new(client,
+/// env_or_default)`) is `MATCH ""`, which lists the empty key alone: the
+/// pass listed nothing and the guard answered `Absent` for every stored
+/// key. It fails instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_pattern_fails_the_pass() {
+    let server = RedisServer::start();
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("SET")
+        .arg("item:1")
+        .arg("x")
+        .query(&mut connection)
+        .unwrap();
+    let guard = common::guard_from(RedisSource::new(server.client(), ""));
+    let error = guard
+        .rebuild()
+        .await
+        .expect_err("an empty pattern fails the pass");
+    assert!(error.to_string().contains("pattern is empty"), "{error}");
+    assert_eq!(guard.check("item:1"), Verdict::Warming);
+}
+
 /// Redis answers `SCAN … TYPE` with a type it does not know (a misspelt
 /// `strings`) with no keys and no error: the pass listed nothing, and the
 /// guard answered `Absent` for every stored key. Such a pass fails, naming

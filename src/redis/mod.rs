@@ -352,7 +352,8 @@ impl RedisSource {
     /// How long one `SCAN` call may take.
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
-    /// Keys matching `pattern` (`SCAN`'s `MATCH` glob, `*` for all).
+    /// Keys matching `pattern` (`SCAN`'s `MATCH` glob, `*` for all). An
+    /// empty pattern, which matches the empty key alone, fails every pass.
     pub fn new(client: Client, pattern: impl Into<String>) -> Self {
         Self::over(
             Connection::new(client, Self::DEFAULT_TIMEOUT),
@@ -860,6 +861,15 @@ impl RedisSource {
     /// strips would list none of them, and the guard would answer `Absent`
     /// for each: refused.
     fn pattern_admits_strip_prefix(&self) -> Result<(), RedisError> {
+        if self.pattern.is_empty() {
+            // `MATCH ""` lists the empty key alone: a pattern left empty by
+            // a missing setting would make every other key `Absent`.
+            return Err(not_trusted(
+                "the pattern is empty, which matches no key but the empty one: use `*` \
+                 for every key"
+                    .to_owned(),
+            ));
+        }
         let Some(prefix) = &self.strip_prefix else {
             return Ok(());
         };

@@ -2557,11 +2557,62 @@ fn ledger_backend(
 ) -> impl Fn(String) -> std::future::Ready<Result<Option<()>, std::convert::Infallible>>
 + Send
 + Sync
-+ 'static {
++ use<> {
     let (store, asked) = (Arc::clone(&ledger.store), Arc::clone(asked));
     move |key| {
         asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         std::future::ready(Ok(store.lock().unwrap().contains(&key).then_some(())))
+    }
+}
+
+/// A loader over the ledger's store on `member`'s guard that asks about
+/// every "maybe" and keeps the store's "absent" for ten minutes.
+fn verifying_caching_loader(
+    member: &Member,
+    ledger: &Ledger,
+) -> bloomguard::GuardedLoader<
+    String,
+    impl bloomguard::Loader<String, Value = (), Error = std::convert::Infallible>,
+> {
+    let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    bloomguard::GuardedLoader::new(member.guard().clone(), ledger_backend(ledger, &asked))
+        .verify(bloomguard::Verify::All)
+        .unwrap()
+        .confirmed_absent_cache(1_000, Duration::from_secs(600))
+        .unwrap()
+}
+
+/// A slow write of `key` on `writer`, whose store write lands once
+/// `loader` (another member's) asked for it past the write settle and kept
+/// the store's "absent" then.
+async fn a_slow_write_cached_as_absent<L>(
+    writer: &Member,
+    loader: &bloomguard::GuardedLoader<String, L>,
+    ledger: &Ledger,
+    key: &str,
+) -> bloomguard::redis::FleetWrite
+where
+    L: bloomguard::Loader<String, Value = (), Error = std::convert::Infallible>,
+{
+    let write = writer.fleet.begin_write(key).await.unwrap();
+    tokio::time::sleep(RebuildPolicy::DEFAULT_WRITE_SETTLE * 2).await;
+    assert!(!loader.contains(key).await.unwrap(), "not written yet");
+    ledger.store.lock().unwrap().insert(key.to_owned());
+    write
+}
+
+/// Waits (30 s at most) until `loader` finds `key`, which the store holds.
+async fn until_the_cache_finds<L>(loader: &bloomguard::GuardedLoader<String, L>, key: &str)
+where
+    L: bloomguard::Loader<String, Value = (), Error = std::convert::Infallible>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !loader.contains(key).await.unwrap() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the cache kept answering absent for a stored key"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -2632,33 +2683,14 @@ async fn a_fenced_member_trusts_neither_its_maybe_nor_its_cached_absent_answers(
 /// again, so the cache answered absent for a stored key until its ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_write_dropped_unfinished_still_clears_the_other_members_cached_absent() {
-    use bloomguard::{GuardedLoader, Verify};
-
     let server = RedisServer::start();
     let a = join(guard("a"), server.client(), "dropped").await;
     let b = join(guard("b"), server.client(), "dropped").await;
     let ledger = Ledger::default();
-    let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let loader = GuardedLoader::new(b.guard().clone(), ledger_backend(&ledger, &asked))
-        .verify(Verify::All)
-        .unwrap()
-        .confirmed_absent_cache(1_000, Duration::from_secs(600))
-        .unwrap();
-
-    let write = a.fleet.begin_write("slow").await.unwrap();
-    tokio::time::sleep(RebuildPolicy::DEFAULT_WRITE_SETTLE * 2).await;
-    assert!(!loader.contains("slow").await.unwrap(), "not written yet");
-    ledger.store.lock().unwrap().insert("slow".to_owned());
+    let loader = verifying_caching_loader(&b, &ledger);
+    let write = a_slow_write_cached_as_absent(&a, &loader, &ledger, "slow").await;
     drop(write);
-
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !loader.contains("slow").await.unwrap() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "b's cache kept answering absent for a stored key"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_the_cache_finds(&loader, "slow").await;
 }
 
 /// A slow write whose second append Redis refused (here an ACL that denies
@@ -2671,8 +2703,6 @@ async fn a_slow_write_dropped_unfinished_still_clears_the_other_members_cached_a
 /// member). The second append is retried until Redis takes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_writes_refused_second_append_is_retried_until_redis_takes_it() {
-    use bloomguard::{GuardedLoader, Verify};
-
     let server = RedisServer::start();
     let mut connection = server.client().get_connection().unwrap();
     let writer_acl = |commands: &str| {
@@ -2694,17 +2724,8 @@ async fn a_slow_writes_refused_second_append_is_retried_until_redis_takes_it() {
     let a = join(guard("a"), as_writer, "refused").await;
     let b = join(guard("b"), server.client(), "refused").await;
     let ledger = Ledger::default();
-    let asked = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let loader = GuardedLoader::new(b.guard().clone(), ledger_backend(&ledger, &asked))
-        .verify(Verify::All)
-        .unwrap()
-        .confirmed_absent_cache(1_000, Duration::from_secs(600))
-        .unwrap();
-
-    let write = a.fleet.begin_write("slow").await.unwrap();
-    tokio::time::sleep(RebuildPolicy::DEFAULT_WRITE_SETTLE * 2).await;
-    assert!(!loader.contains("slow").await.unwrap(), "not written yet");
-    ledger.store.lock().unwrap().insert("slow".to_owned());
+    let loader = verifying_caching_loader(&b, &ledger);
+    let write = a_slow_write_cached_as_absent(&a, &loader, &ledger, "slow").await;
     // Every command but `XADD` (Redis checks the ones a script calls too):
     // appends fail, renewals and reads go on.
     let () = writer_acl("-xadd").query(&mut connection).unwrap();
@@ -2734,15 +2755,7 @@ async fn a_slow_writes_refused_second_append_is_retried_until_redis_takes_it() {
     })
     .await;
     let () = writer_acl("+xadd").query(&mut connection).unwrap();
-
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !loader.contains("slow").await.unwrap() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "b's cache kept answering absent for a stored key"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_the_cache_finds(&loader, "slow").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

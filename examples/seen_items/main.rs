@@ -407,8 +407,10 @@ async fn open_store(
         }
         #[cfg(not(feature = "redis"))]
         return Err(format!(
-            "Redis at {url} was asked for, but the `redis` feature is off"
-        ));
+            "Redis at {url} was asked for, but the `redis` feature is off \
+             (cargo run --release --features redis --example seen_items)"
+        )
+        .into());
     }
     Ok(SeenStore::new(Backend::Memory(Arc::new(MemoryStore::new(
         expires_after,

@@ -214,7 +214,7 @@ fn describe_verify(verify: Verify, target_fpr: f64) -> String {
     let target = format!("{:.2} %", 100.0 * target_fpr);
     match verify {
         Verify::All => format!(
-            "verify all: every \"maybe\" was checked in the store, so no unseen item was hidden; a false positive cost a lookup (the observed FPR above; {target} targeted)."
+            "verify all: every \"maybe\" was checked in the store, so the guard hides no unseen item (the audited row above counts what the run saw); a false positive cost a lookup (the observed FPR above; {target} targeted)."
         ),
         Verify::Sample(fraction) => format!(
             "verify sample:{fraction}: a \"maybe\" was trusted as seen without a lookup, except a hash-chosen {:.2} % checked to keep the false-positive rate measured; the price is hiding about the FPR ({target} targeted) of the unseen items, shown above as audited and as the guard estimates it.",

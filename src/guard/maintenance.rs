@@ -231,11 +231,13 @@ impl Guard {
             // the write the store just showed is in the filter by now.
             Ok(Ok(Ok(true))) if self.peek(&key) == Verdict::Absent => {
                 // The store holds it: never `Absent` again, whether or not
-                // a rebuild follows (a guard without a source has none),
-                // unless a fleet snapshot replaces the set first.
-                self.insert(&key);
+                // a rebuild follows (a guard without a source has none), and
+                // kept until one does, for a fleet snapshot that replaces the
+                // set before (`replace_from_snapshot`).
+                let hash = self.hash(&key);
+                self.inner.stale.record(hash);
+                self.insert_hash(hash);
                 self.inner.counters.add(Counter::StaleNegatives as usize, 1);
-                self.inner.stale.record();
                 // No key in the line: keys can be personal data.
                 tracing::warn!(
                     guard = %self.inner.name,
@@ -713,6 +715,41 @@ mod tests {
             Some("stale filter"),
             "the rebuild that committed never read the key"
         );
+    }
+
+    /// A key the staleness check found (written behind the guard's back)
+    /// went into this guard's set alone: a fleet snapshot adopted before
+    /// the guard's own rebuild replaced the set, and the guard answered
+    /// `Absent` again for a key it knew the store holds. The set adopted
+    /// gets the keys of unrepaired findings back.
+    #[tokio::test]
+    async fn a_stale_answer_found_is_kept_across_an_adopted_snapshot() {
+        let member = |name: &str| {
+            crate::Guard::builder()
+                .name(name)
+                .expected_items(1_000)
+                .seed(7)
+                .staleness_check(1.0, |_| async { Ok(true) })
+                .build()
+                .unwrap()
+        };
+        let guard = member("a");
+        let verifier = guard.inner.verifier.lock().unwrap().take().unwrap();
+        let key = b"written behind the guard".to_vec();
+        assert_eq!(guard.peek(&key), Verdict::Absent);
+        guard.verify_absent(&verifier, key.clone()).await;
+        assert_eq!(guard.check(&key), Verdict::MaybePresent);
+
+        // Another member's set, which never held the key.
+        let other = member("b");
+        other.insert("elsewhere");
+        let snapshot =
+            crate::guard::snapshot::LiveSnapshot::from_bytes(&other.encode_live_set().unwrap())
+                .unwrap();
+        guard.replace_from_snapshot(snapshot, true, true).unwrap();
+        guard.set_fenced(false);
+        assert_eq!(guard.check("elsewhere"), Verdict::MaybePresent);
+        assert_eq!(guard.check(&key), Verdict::MaybePresent);
     }
 
     /// The task finds a rotation due, then rotates: a rotation in between

@@ -539,7 +539,11 @@ impl Guard {
     /// call, or be covered by a [`PendingWrite`] ([`begin_write`](Self::begin_write)).
     #[inline]
     pub fn insert(&self, key: impl AsRef<[u8]>) {
-        let hash = self.hash(key.as_ref());
+        self.insert_hash(self.hash(key.as_ref()));
+    }
+
+    /// [`insert`](Self::insert) of the key hashing to `hash`.
+    pub(crate) fn insert_hash(&self, hash: u64) {
         let writes = self.inner.live.writes();
         let counted = writes.enter();
         let live = self.inner.live.load();

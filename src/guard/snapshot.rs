@@ -179,6 +179,12 @@ impl Guard {
         self.inner
             .live
             .replace_fenced(generations, covers_the_store);
+        // Keys the staleness check found here went into the set just
+        // replaced: the store holds them, and the rebuild that repairs them
+        // may be a scan away (see `StaleFindings::record` for the order).
+        for hash in self.inner.stale.unrepaired_hashes() {
+            self.insert_hash(hash);
+        }
         if rebuilt {
             let baseline = self.baseline_now();
             let mut history = self.history();
@@ -186,7 +192,8 @@ impl Guard {
             history.last_success_at = Some(now);
             // Stale answers this guard found stay unrepaired: the other
             // guard's read of the source may have begun before they were
-            // found, and passed their keys. This guard rebuilds for them.
+            // found, and passed their keys. This guard rebuilds for them,
+            // and holds their keys meanwhile (above).
         }
         if covers_the_store {
             self.inner.left_warming.notify_waiters();

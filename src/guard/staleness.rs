@@ -2,10 +2,11 @@
 //! checked against the store, off the request path.
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
@@ -18,6 +19,10 @@ const QUEUE_CAPACITY: usize = 1024;
 type ExistsFuture = Pin<Box<dyn Future<Output = Result<bool, SourceError>> + Send>>;
 type ExistsFn = Arc<dyn Fn(Vec<u8>) -> ExistsFuture + Send + Sync>;
 
+/// Unrepaired findings whose keys are kept, at most (8 bytes each, and the
+/// number): past it the oldest are let go.
+const KEPT_FINDINGS: usize = 4_096;
+
 /// Stale answers the check found, and how many of them a rebuild has
 /// repaired. A rebuild repairs only those found before it read its source:
 /// its scan may have passed the key of one found while it read.
@@ -25,11 +30,31 @@ type ExistsFn = Arc<dyn Fn(Vec<u8>) -> ExistsFuture + Send + Sync>;
 pub(crate) struct StaleFindings {
     found: AtomicU64,
     repaired: AtomicU64,
+    /// The hashes of the keys found and not repaired yet, each with its
+    /// number in `found`: their inserts went into this guard's set alone,
+    /// and a set that replaces it whole (a fleet snapshot) gets them back.
+    unrepaired_keys: Mutex<VecDeque<(u64, u64)>>,
 }
 
 impl StaleFindings {
-    pub(crate) fn record(&self) {
-        self.found.fetch_add(1, Ordering::Relaxed);
+    /// Records a finding of the key hashing to `hash`. Before its insert:
+    /// a set adopted after this puts it back, and one adopted before it is
+    /// the set the insert then goes into.
+    pub(crate) fn record(&self, hash: u64) {
+        let mut kept = crate::sync::unpoisoned(self.unrepaired_keys.lock());
+        // Under the lock: the numbers go into the queue in order.
+        let number = self.found.fetch_add(1, Ordering::Relaxed) + 1;
+        if kept.len() == KEPT_FINDINGS {
+            kept.pop_front();
+        }
+        kept.push_back((number, hash));
+    }
+
+    /// The hashes of the keys found and not repaired yet (the newest
+    /// [`KEPT_FINDINGS`]).
+    pub(crate) fn unrepaired_hashes(&self) -> Vec<u64> {
+        let kept = crate::sync::unpoisoned(self.unrepaired_keys.lock());
+        kept.iter().map(|&(_, hash)| hash).collect()
     }
 
     /// Whether a finding waits for a rebuild.
@@ -46,6 +71,7 @@ impl StaleFindings {
     /// Marks the findings up to `so_far` (taken before the read) repaired.
     pub(crate) fn repaired(&self, so_far: u64) {
         self.repaired.fetch_max(so_far, Ordering::Relaxed);
+        crate::sync::unpoisoned(self.unrepaired_keys.lock()).retain(|&(number, _)| number > so_far);
     }
 }
 

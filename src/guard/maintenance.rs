@@ -747,6 +747,9 @@ mod tests {
             crate::guard::snapshot::LiveSnapshot::from_bytes(&other.encode_live_set().unwrap())
                 .unwrap();
         guard.replace_from_snapshot(snapshot, true, true).unwrap();
+        // A rebuilt set taken counts as this member's rebuild (for an alert
+        // on its age).
+        assert!(guard.stats().last_rebuild_succeeded_at.is_some());
         guard.set_fenced(false);
         assert_eq!(guard.check("elsewhere"), Verdict::MaybePresent);
         assert_eq!(guard.check(&key), Verdict::MaybePresent);

@@ -190,6 +190,7 @@ impl Guard {
             let mut history = self.history();
             history.baseline = baseline;
             history.last_success_at = Some(now);
+            history.last_success_time = Some(std::time::SystemTime::now());
             // Stale answers this guard found stay unrepaired: the other
             // guard's read of the source may have begun before they were
             // found, and passed their keys. This guard rebuilds for them,

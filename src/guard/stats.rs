@@ -315,7 +315,9 @@ pub struct GuardStats {
     pub rebuilds: RebuildCounts,
     /// The last rebuild attempt, if any.
     pub last_rebuild: Option<RebuildReport>,
-    /// When the last rebuild succeeded, by the wall clock.
+    /// When the last rebuild succeeded, by the wall clock: this guard's, or
+    /// a fleet member's whose rebuilt set it took (so that an alert on its
+    /// age fires on no member of a fleet that rebuilds by turns).
     pub last_rebuild_succeeded_at: Option<std::time::SystemTime>,
 }
 

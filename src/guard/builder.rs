@@ -160,7 +160,9 @@ impl GuardBuilder {
     /// so). In a fleet the key goes into this member only: a fleet
     /// snapshot it adopts before its rebuild gets the key back (the last
     /// 4,096 found and not yet repaired by a rebuild, which without a
-    /// source is never). A check that fails, times out (5 s) or panics is counted in
+    /// source is never). A check that fails, times out (5 s) or panics is
+    /// followed by a pause (100 ms, doubling with each failure in a row up
+    /// to 5 s; samples taken meanwhile wait in the queue or are dropped), is counted in
     /// [`GuardStats::staleness_checks_failed`](super::GuardStats::staleness_checks_failed)
     /// and logged at WARN (at once, then at most once a minute; a panic is
     /// also printed by the panic hook, each time).

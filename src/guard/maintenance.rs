@@ -19,6 +19,11 @@ use crate::task::StoppableTask;
 const VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a failing staleness check is logged at most.
 const FAILED_CHECK_REPORT_SPACING: Duration = Duration::from_secs(60);
+/// The pause after a failed staleness check, doubled with each failure in
+/// a row up to the second: a store that refuses is not asked about every
+/// queued sample at once (the samples taken meanwhile are dropped).
+const FAILED_CHECK_PAUSE: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(5));
 /// The least time from a successful rebuild to one for observed drift (see
 /// `Guard::rebuild_due`).
 const OBSERVED_DRIFT_SPACING: Duration = Duration::from_secs(60);
@@ -136,6 +141,7 @@ impl Guard {
             retry_at: None,
             warming_reported_at: None,
             checks_failed_in_a_row: 0,
+            checks_resume_at: None,
             failed_check_reported_at: None,
             _running: Running::count(&self.inner.maintenance_tasks, &self.inner.name),
         };
@@ -326,6 +332,8 @@ struct Task {
     warming_reported_at: Option<Instant>,
     /// Staleness checks failed since the last one answered.
     checks_failed_in_a_row: u64,
+    /// When the staleness check may ask the store again, after a failure.
+    checks_resume_at: Option<Instant>,
     /// When the task last logged a failed staleness check.
     failed_check_reported_at: Option<Instant>,
     /// Counts the task in `GuardStats::maintenance_running` until it is
@@ -476,7 +484,8 @@ impl Task {
             let now = Instant::now();
             // A retry waits for its backoff, not for the tick after it.
             let retry_at = self.retry_at.filter(|&at| at > now);
-            let wake_at = [guard.next_rotation(), retry_at]
+            let checks_resume_at = self.checks_resume_at.filter(|&at| at > now);
+            let wake_at = [guard.next_rotation(), retry_at, checks_resume_at]
                 .into_iter()
                 .flatten()
                 .fold(now + self.interval, Instant::min);
@@ -487,7 +496,7 @@ impl Task {
                 () = stop.cancelled() => break,
                 () = tokio::time::sleep_until(wake_at) => None,
                 () = woken => None,
-                Some(key) = recv(&mut verifier.verifier) => Some(key),
+                Some(key) = recv(&mut verifier.verifier), if checks_resume_at.is_none() => Some(key),
             };
             if let (Some(key), Some(check), Some(guard)) =
                 (key_to_verify, verifier.verifier.as_ref(), self.upgrade())
@@ -519,10 +528,14 @@ impl Task {
     fn report_failed_check(&mut self, guard: &Guard, failure: Option<String>) {
         let Some(failure) = failure else {
             self.checks_failed_in_a_row = 0;
+            self.checks_resume_at = None;
             return;
         };
         self.checks_failed_in_a_row += 1;
         let now = Instant::now();
+        let (first, longest) = FAILED_CHECK_PAUSE;
+        let doublings = (self.checks_failed_in_a_row - 1).min(16) as u32;
+        self.checks_resume_at = Some(now + first.saturating_mul(1 << doublings).min(longest));
         if self
             .failed_check_reported_at
             .is_none_or(|at| now.saturating_duration_since(at) >= FAILED_CHECK_REPORT_SPACING)

@@ -924,6 +924,38 @@ async fn a_failing_or_panicking_staleness_check_is_counted_and_the_task_goes_on(
     maintenance.shutdown().await;
 }
 
+/// A store that refuses every staleness check (down, or a circuit breaker
+/// open) was asked about every queued sample at once, one after another,
+/// the maintenance task spinning through its loop for each: 1,000 calls in
+/// no time against a store already failing. After a failed check the task
+/// now waits before the next, doubling up to a few seconds.
+#[tokio::test(start_paused = true)]
+async fn a_failing_staleness_check_backs_off() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let guard = sourceless_checked_by({
+        let calls = Arc::clone(&calls);
+        move |_key: Vec<u8>| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            async {
+                Err(SourceError::new(std::io::Error::other(
+                    "connection refused",
+                )))
+            }
+        }
+    });
+    let maintenance = guard.spawn_maintenance();
+    for n in 0..1_000 {
+        assert_eq!(guard.check(format!("item:{n}")), Verdict::Absent);
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let asked = calls.load(Ordering::Relaxed);
+    assert!(
+        (2..=20).contains(&asked),
+        "{asked} checks of 1,000 samples in 10 s against a failing store"
+    );
+    maintenance.shutdown().await;
+}
+
 /// A guard without a source whose maintenance asks `exists` about every
 /// `Absent` answer.
 fn sourceless_checked_by<F, Fut>(exists: F) -> Guard

@@ -108,6 +108,24 @@ fn assert_the_gate_pays_off(outcome: &seen_items::report::Outcome) {
     );
 }
 
+/// The audit is no formality: seen items written to the store without
+/// the guard's insert (a write path that bypasses the guard; the demo's
+/// test-only `--bypass-guard-every`) are answered unseen when they come
+/// back, and the run fails naming a false negative.
+#[test]
+fn a_write_that_bypasses_the_guard_fails_the_run_as_a_false_negative() {
+    let chart = chart_path("bypass");
+    let args = small_run(&chart, &["--bypass-guard-every", "10", "--no-baseline"]);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let error = runtime
+        .block_on(seen_items::run(args))
+        .expect_err("a run whose guard missed writes passed its audit");
+    assert!(error.to_string().contains("false negative"), "{error}");
+}
+
 #[test]
 fn the_gate_avoids_lookups_and_a_rebuild_brings_drift_back() {
     let chart = chart_path("rebuild");

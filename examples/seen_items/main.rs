@@ -104,6 +104,11 @@ pub(crate) struct Args {
     /// Skip the replay without the guard.
     #[arg(long)]
     pub(crate) no_baseline: bool,
+    /// A fault for the tests: every n-th seen item goes to the store
+    /// without the guard's insert (a write path that bypasses the guard),
+    /// so that the audit has a false negative to catch. Not for runs.
+    #[arg(long, hide = true)]
+    pub(crate) bypass_guard_every: Option<u64>,
     /// Every n-th request is checked against the ground truth (at least 1).
     #[arg(long, default_value_t = 8)]
     pub(crate) audit_every: u64,
@@ -310,6 +315,7 @@ pub(crate) async fn run(args: Args) -> Result<Outcome, Box<dyn std::error::Error
         concurrency: args.concurrency,
         new_seen_per_request: args.new_seen,
         audit_every: args.audit_every,
+        bypass_guard_every: args.bypass_guard_every.filter(|&n| n > 0),
         verify: args.verify,
         rebuild_drift: match args.lifecycle {
             LifecycleChoice::Rebuild => Some(args.drift),

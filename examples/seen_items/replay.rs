@@ -25,6 +25,9 @@ pub(crate) struct Pacing {
     pub(crate) new_seen_per_request: usize,
     /// Every n-th request is checked against the ground truth.
     pub(crate) audit_every: u64,
+    /// The tests' fault: every n-th seen item is written without the
+    /// guard's insert.
+    pub(crate) bypass_guard_every: Option<u64>,
     /// Which "maybe" answers go on to the store.
     pub(crate) verify: Verify,
     /// The drift at which the guard rebuilds, if drift triggers rebuilds: a
@@ -537,10 +540,17 @@ async fn write_seen(
                 run.acknowledgements.lock().unwrap().push(acknowledged);
             }
             None => {
+                let bypassed =
+                    |pair: u64| run.pacing.bypass_guard_every.is_some_and(|n| pair % n == 0);
                 let pending: Vec<_> = run
                     .guard()
                     .into_iter()
-                    .flat_map(|guard| keys.iter().map(|key| guard.begin_write(key)))
+                    .flat_map(|guard| {
+                        keys.iter()
+                            .zip(&batch)
+                            .filter(|&(_, &pair)| !bypassed(pair))
+                            .map(|(key, _)| guard.begin_write(key))
+                    })
                     .collect();
                 run.store.write(&keys).await?;
                 drop(pending);

@@ -36,8 +36,10 @@ const OBSERVED_DRIFT_SPACING_FACTOR: u32 = 10;
 /// Dropping the handle stops the task at its next step (a rebuild in
 /// progress is abandoned, and the live filters keep serving);
 /// [`shutdown`](Self::shutdown) also waits for it to end. The task holds no
-/// strong reference to the guard, so it also ends once every [`Guard`]
-/// clone is dropped.
+/// strong reference to the guard between its steps, so it also ends once
+/// every [`Guard`] clone is dropped (after the step it is in: a rebuild
+/// under way runs to its end or its timeout, a staleness check to its
+/// answer).
 ///
 /// If the task dies (a panic in a [`KeySource`](crate::KeySource), say), it
 /// logs at ERROR, [`panicked`](Self::panicked) turns true and

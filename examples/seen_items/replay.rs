@@ -540,8 +540,11 @@ async fn write_seen(
                 run.acknowledgements.lock().unwrap().push(acknowledged);
             }
             None => {
-                let bypassed =
-                    |pair: u64| run.pacing.bypass_guard_every.is_some_and(|n| pair % n == 0);
+                let bypassed = |pair: u64| {
+                    run.pacing
+                        .bypass_guard_every
+                        .is_some_and(|n| pair.is_multiple_of(n))
+                };
                 let pending: Vec<_> = run
                     .guard()
                     .into_iter()

@@ -106,7 +106,8 @@ pub(crate) struct Args {
     pub(crate) no_baseline: bool,
     /// A fault for the tests: every n-th seen item goes to the store
     /// without the guard's insert (a write path that bypasses the guard),
-    /// so that the audit has a false negative to catch. Not for runs.
+    /// so that the audit has a false negative to catch (a single instance
+    /// only: a fleet's writes go through it whole). Not for runs.
     #[arg(long, hide = true)]
     pub(crate) bypass_guard_every: Option<u64>,
     /// Every n-th request is checked against the ground truth (at least 1).

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::stats::Counter;
-use super::{Guard, Inner, Lifecycle, RebuildError, Verdict, staleness::Verifier};
+use super::{Guard, Inner, Lifecycle, RebuildError, staleness::Verifier};
 use crate::sync::unpoisoned;
 use crate::task::StoppableTask;
 
@@ -21,7 +21,8 @@ const VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
 const FAILED_CHECK_REPORT_SPACING: Duration = Duration::from_secs(60);
 /// The pause after a failed staleness check, doubled with each failure in
 /// a row up to the second: a store that refuses is not asked about every
-/// queued sample at once (the samples taken meanwhile are dropped).
+/// queued sample at once (samples taken meanwhile wait in the queue, or
+/// are dropped once it is full).
 const FAILED_CHECK_PAUSE: (Duration, Duration) =
     (Duration::from_millis(100), Duration::from_secs(5));
 /// The least time from a successful rebuild to one for observed drift (see
@@ -236,12 +237,15 @@ impl Guard {
         let asked = AssertUnwindSafe(async { verifier.exists(key.clone()).await }).catch_unwind();
         let failure = match tokio::time::timeout(VERIFY_TIMEOUT, asked).await {
             // Re-checked after the store answered: an insert that preceded
-            // the write the store just showed is in the filter by now.
-            Ok(Ok(Ok(true))) if self.peek(&key) == Verdict::Absent => {
+            // the write the store just showed is in the filter by now. The
+            // filters, not the verdict: fenced (catching up after taking a
+            // fleet snapshot), the guard answers "maybe" for a key the set
+            // it took may lack.
+            Ok(Ok(Ok(true))) if !self.filters_hold(self.hash(&key)) => {
                 // The store holds it: never `Absent` again, whether or not
                 // a rebuild follows (a guard without a source has none), and
-                // kept until one does, for a fleet snapshot that replaces the
-                // set before (`replace_from_snapshot`).
+                // kept for a fleet snapshot that replaces the set
+                // (`replace_from_snapshot`).
                 let hash = self.hash(&key);
                 self.inner.stale.record(hash);
                 self.insert_hash(hash);
@@ -661,6 +665,7 @@ fn unit_random() -> f64 {
 #[cfg(all(test, not(bloomguard_loom)))]
 mod tests {
     use super::*;
+    use crate::Verdict;
 
     #[test]
     fn backoff_waits_half_to_all_of_a_doubling_step() {
@@ -719,7 +724,7 @@ mod tests {
         }
         // Written behind the guard's back after the scan listed the store.
         let key = b"written while the rebuild reads".to_vec();
-        assert_eq!(guard.peek(&key), Verdict::Absent);
+        assert!(!guard.filters_hold(guard.hash(&key)));
         guard.verify_absent(&verifier, key).await;
         assert_eq!(guard.rebuild_due(Instant::now()), Some("stale filter"));
 
@@ -751,7 +756,7 @@ mod tests {
         let guard = member("a");
         let verifier = guard.inner.verifier.lock().unwrap().take().unwrap();
         let key = b"written behind the guard".to_vec();
-        assert_eq!(guard.peek(&key), Verdict::Absent);
+        assert!(!guard.filters_hold(guard.hash(&key)));
         guard.verify_absent(&verifier, key.clone()).await;
         assert_eq!(guard.check(&key), Verdict::MaybePresent);
 
@@ -768,6 +773,61 @@ mod tests {
         guard.set_fenced(false);
         assert_eq!(guard.check("elsewhere"), Verdict::MaybePresent);
         assert_eq!(guard.check(&key), Verdict::MaybePresent);
+    }
+
+    /// Fenced (catching up after taking a fleet snapshot), the guard
+    /// answers "maybe" for every key: the check's re-check read that
+    /// verdict, took the key for held and dropped the finding, while the
+    /// set taken lacked the key, which answered `Absent` once the fence
+    /// lifted. The re-check reads the filters.
+    #[tokio::test]
+    async fn a_stale_answer_found_while_fenced_is_kept() {
+        let guard = crate::Guard::builder()
+            .expected_items(1_000)
+            .seed(7)
+            .staleness_check(1.0, |_| async { Ok(true) })
+            .build()
+            .unwrap();
+        let verifier = guard.inner.verifier.lock().unwrap().take().unwrap();
+        let key = b"written behind the guard".to_vec();
+        guard.set_fenced(true);
+        guard.verify_absent(&verifier, key.clone()).await;
+        guard.set_fenced(false);
+        assert_eq!(guard.check(&key), Verdict::MaybePresent);
+    }
+
+    /// A finding this guard's own rebuild repaired is still put into a set
+    /// it takes after: a fleet snapshot read before that rebuild (Redis was
+    /// unreachable, the member rebuilt alone, then recovered from the fleet's
+    /// older snapshot) lacks the key, and the repair had let it go.
+    #[tokio::test]
+    async fn a_stale_answer_repaired_is_kept_across_an_older_snapshot_taken_after() {
+        let store = Arc::new(std::sync::Mutex::new(vec!["listed".to_owned()]));
+        let guard = crate::Guard::builder()
+            .expected_items(1_000)
+            .seed(7)
+            .source(crate::source::from_fn({
+                let store = Arc::clone(&store);
+                move || store.lock().unwrap().clone()
+            }))
+            .rebuild_policy(crate::RebuildPolicy::default().write_settle(Duration::ZERO))
+            .staleness_check(1.0, |_| async { Ok(true) })
+            .build()
+            .unwrap();
+        let verifier = guard.inner.verifier.lock().unwrap().take().unwrap();
+        guard.rebuild().await.unwrap();
+        let older = guard.encode_live_set().unwrap();
+
+        let key = "written behind the guard";
+        store.lock().unwrap().push(key.to_owned());
+        guard.verify_absent(&verifier, key.into()).await;
+        guard.rebuild().await.unwrap();
+        assert_eq!(guard.rebuild_due(Instant::now()), None, "repaired");
+
+        let older = crate::guard::snapshot::LiveSnapshot::from_bytes(&older).unwrap();
+        guard.replace_from_snapshot(older, true, true).unwrap();
+        guard.set_fenced(false);
+        assert_eq!(guard.check(key), Verdict::MaybePresent);
     }
 
     /// The task finds a rotation due, then rotates: a rotation in between

@@ -444,11 +444,15 @@ impl Guard {
         }
     }
 
-    /// The verdict for `key` now, neither counted nor sampled, from the
-    /// set a check reads (a swap publishes it before the inserts' one).
-    fn peek(&self, key: &[u8]) -> Verdict {
-        let hash = self.hash(key);
-        self.read_live(|live| self.verdict_in(live, hash))
+    /// Whether the live filters hold the key hashing to `hash` now, whatever
+    /// the guard answers (fenced, it answers "maybe" for every key), from
+    /// the set a check reads (a swap publishes it before the inserts' one).
+    fn filters_hold(&self, hash: u64) -> bool {
+        self.read_live(|live| {
+            live.generations
+                .iter()
+                .any(|generation| generation.filter.contains_hashed(hash))
+        })
     }
 
     /// Merges a filter built elsewhere (a snapshot shipped by other means than

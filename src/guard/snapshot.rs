@@ -182,7 +182,7 @@ impl Guard {
         // Keys the staleness check found here went into the set just
         // replaced: the store holds them, and the rebuild that repairs them
         // may be a scan away (see `StaleFindings::record` for the order).
-        for hash in self.inner.stale.unrepaired_hashes() {
+        for hash in self.inner.stale.found_hashes() {
             self.insert_hash(hash);
         }
         if rebuilt {

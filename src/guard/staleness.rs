@@ -19,8 +19,8 @@ const QUEUE_CAPACITY: usize = 1024;
 type ExistsFuture = Pin<Box<dyn Future<Output = Result<bool, SourceError>> + Send>>;
 type ExistsFn = Arc<dyn Fn(Vec<u8>) -> ExistsFuture + Send + Sync>;
 
-/// Unrepaired findings whose keys are kept, at most (8 bytes each, and the
-/// number): past it the oldest are let go.
+/// Findings whose keys are kept, at most (8 bytes each): past it the
+/// oldest are let go.
 const KEPT_FINDINGS: usize = 4_096;
 
 /// Stale answers the check found, and how many of them a rebuild has
@@ -30,10 +30,11 @@ const KEPT_FINDINGS: usize = 4_096;
 pub(crate) struct StaleFindings {
     found: AtomicU64,
     repaired: AtomicU64,
-    /// The hashes of the keys found and not repaired yet, each with its
-    /// number in `found`: their inserts went into this guard's set alone,
-    /// and a set that replaces it whole (a fleet snapshot) gets them back.
-    unrepaired_keys: Mutex<VecDeque<(u64, u64)>>,
+    /// The hashes of the keys found (the newest [`KEPT_FINDINGS`]): their
+    /// inserts went into this guard's set alone, and a set that replaces it whole (a fleet snapshot) gets them
+    /// back, repaired or not: a snapshot read before this guard's own
+    /// rebuild repaired one may still be taken after it.
+    found_keys: Mutex<VecDeque<u64>>,
 }
 
 impl StaleFindings {
@@ -41,20 +42,18 @@ impl StaleFindings {
     /// a set adopted after this puts it back, and one adopted before it is
     /// the set the insert then goes into.
     pub(crate) fn record(&self, hash: u64) {
-        let mut kept = crate::sync::unpoisoned(self.unrepaired_keys.lock());
-        // Under the lock: the numbers go into the queue in order.
-        let number = self.found.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut kept = crate::sync::unpoisoned(self.found_keys.lock());
+        self.found.fetch_add(1, Ordering::Relaxed);
         if kept.len() == KEPT_FINDINGS {
             kept.pop_front();
         }
-        kept.push_back((number, hash));
+        kept.push_back(hash);
     }
 
-    /// The hashes of the keys found and not repaired yet (the newest
-    /// [`KEPT_FINDINGS`]).
-    pub(crate) fn unrepaired_hashes(&self) -> Vec<u64> {
-        let kept = crate::sync::unpoisoned(self.unrepaired_keys.lock());
-        kept.iter().map(|&(_, hash)| hash).collect()
+    /// The hashes of the keys found (the newest [`KEPT_FINDINGS`]).
+    pub(crate) fn found_hashes(&self) -> Vec<u64> {
+        let kept = crate::sync::unpoisoned(self.found_keys.lock());
+        kept.iter().copied().collect()
     }
 
     /// Whether a finding waits for a rebuild.
@@ -71,7 +70,6 @@ impl StaleFindings {
     /// Marks the findings up to `so_far` (taken before the read) repaired.
     pub(crate) fn repaired(&self, so_far: u64) {
         self.repaired.fetch_max(so_far, Ordering::Relaxed);
-        crate::sync::unpoisoned(self.unrepaired_keys.lock()).retain(|&(number, _)| number > so_far);
     }
 }
 

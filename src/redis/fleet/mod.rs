@@ -1369,14 +1369,18 @@ impl FleetSync {
             return;
         }
         drop(unannounced);
+        // Made before the spawn: a task dropped before it first runs (its
+        // runtime shut down) still marks the member as without one.
+        let announcing = Announcing {
+            member: Arc::downgrade(&self.inner),
+            released: false,
+            in_flight: Vec::new(),
+        };
         // The first append holds the member, as the write did; the retries
         // after it do not keep it alive.
         let fleet = self.clone();
         runtime.spawn(async move {
-            let mut announcing = Announcing {
-                member: Arc::downgrade(&fleet.inner),
-                released: false,
-            };
+            let mut announcing = announcing;
             let mut fleet = Some(fleet);
             let mut wait = Duration::from_millis(100);
             let mut failed = 0_u32;
@@ -1389,7 +1393,7 @@ impl FleetSync {
                     );
                     return;
                 };
-                let keys: Vec<Vec<u8>> = {
+                {
                     let mut unannounced = unpoisoned(member.inner.landed_unannounced.lock());
                     if unannounced.keys.is_empty() {
                         // Under the lock: a write that adds keys after this
@@ -1398,19 +1402,19 @@ impl FleetSync {
                         announcing.released = true;
                         return;
                     }
-                    let take: Vec<Vec<u8>> = unannounced
+                    announcing.in_flight = unannounced
                         .keys
                         .iter()
                         .take(ANNOUNCED_AT_ONCE)
                         .cloned()
                         .collect();
-                    for key in &take {
+                    for key in &announcing.in_flight {
                         unannounced.keys.remove(key);
                     }
-                    take
-                };
-                match member.append(&keys, true).await {
+                }
+                match member.append(&announcing.in_flight, true).await {
                     Ok(_) => {
+                        announcing.in_flight.clear();
                         if failed > 0 {
                             tracing::info!(failed, "slow writes announced again");
                         }
@@ -1422,14 +1426,14 @@ impl FleetSync {
                         if failed == 0 {
                             tracing::warn!(
                                 %error,
-                                keys = keys.len(),
+                                keys = announcing.in_flight.len(),
                                 "cannot announce slow writes again; retrying until Redis takes them"
                             );
                         }
                         failed += 1;
                         unpoisoned(member.inner.landed_unannounced.lock())
                             .keys
-                            .extend(keys);
+                            .extend(announcing.in_flight.drain(..));
                     }
                 }
                 let lease = member.inner.settings.lease;
@@ -1442,11 +1446,14 @@ impl FleetSync {
 }
 
 /// The announcing task of a member: marks it ended however it ends (its
-/// runtime shut down, too), so that a later write starts another.
+/// runtime shut down, too, before or while it ran), so that a later write
+/// starts another, and puts back the keys of an append it did not finish.
 struct Announcing {
     member: std::sync::Weak<Inner>,
     /// Marked ended already, by the task.
     released: bool,
+    /// The keys of the append under way.
+    in_flight: Vec<Vec<u8>>,
 }
 
 impl Announcing {
@@ -1457,10 +1464,12 @@ impl Announcing {
 
 impl Drop for Announcing {
     fn drop(&mut self) {
-        if !self.released
-            && let Some(inner) = self.member.upgrade()
-        {
-            unpoisoned(inner.landed_unannounced.lock()).announcing = false;
+        if let Some(inner) = self.member.upgrade() {
+            let mut unannounced = unpoisoned(inner.landed_unannounced.lock());
+            unannounced.keys.extend(self.in_flight.drain(..));
+            if !self.released {
+                unannounced.announcing = false;
+            }
         }
     }
 }

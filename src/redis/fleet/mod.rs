@@ -67,12 +67,10 @@
 //!   snapshot, and while none has met the need it marks the later record
 //!   itself (a dump saved before the mark was). A member from before that does not renew
 //!   within the new record's first lease (stalled) is not known to the
-//!   ones that join meanwhile. A member that was fenced when it sent the
-//!   renewal that found the record begun anew counts as starting afresh,
-//!   and stays fenced until a renewal a lease later says whether the
-//!   record is marked; over a kept stream only members that were caught up
-//!   when they sent it mark it (and count as holding what it needs, though
-//!   a renewal that waited out the outage runs after they fenced). So after a restart
+//!   ones that join meanwhile. A member that was fenced when the record
+//!   began anew counts as starting afresh, and stays fenced until a
+//!   renewal a lease later says whether the record is marked; over a kept
+//!   stream only members that were caught up mark it. So after a restart
 //!   from an older dump, what a lapsed member lacks comes from a caught-up
 //!   member's snapshot; if no member was caught up (Redis down for longer
 //!   than a lease), the kept stream is all there is: the members keep what

@@ -314,10 +314,6 @@ pub(super) struct Renewal {
     pub(super) epoch: u64,
     /// When the fleet's record in Redis began.
     pub(super) fleet_since: u64,
-    /// Whether the member was caught up (not fenced) when it sent the
-    /// renewal, as the renewal told Redis: a renewal that waited out an
-    /// outage runs after the member fenced itself.
-    pub(super) sent_caught_up: bool,
     pub(super) continuous: bool,
     pub(super) last: StreamPosition,
     pub(super) members: u64,
@@ -399,7 +395,6 @@ impl FleetSync {
             token,
             epoch,
             fleet_since,
-            sent_caught_up: caught_up,
             continuous: continuous == 1,
             last,
             members,

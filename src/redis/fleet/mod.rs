@@ -1113,20 +1113,12 @@ impl FleetSync {
                 // member had got that far; from its start otherwise, which
                 // past a trim is a recovery. The consumer notices the move
                 // (`apply_next`); targets in the old stream are gone with it.
-                if (!state.record_confirmed || !renewal.sent_caught_up)
-                    && !renewal.lacks_what_preceded
-                {
+                if (!state.record_confirmed || state.fenced) && !renewal.lacks_what_preceded {
                     // Joined under the record before and never saw it
                     // confirmed, or fenced (its lease lapsed, or it was
                     // catching up): whatever it holds of that record may
                     // lack what its end lost, a restart from an older dump
                     // or a failover to a replica that lacked the last writes.
-                    // Judged as the renewal told Redis, which marks the
-                    // record for a member caught up when it sent it: one
-                    // that waited out the outage runs after the member
-                    // fenced itself, and a member that marked the record
-                    // and then took itself for fresh in it lacked what it
-                    // had vouched for, and no member could meet the need.
                     // (One lacking the keys an earlier record needed stays
                     // fresh in that one: told so until it loads them.)
                     state.fresh_in = Some(renewal.fleet_since);
@@ -1635,17 +1627,11 @@ mod tests {
     }
 
     fn renewal(member: &FleetSync, continuous: bool, fleet_since: u64) -> Renewal {
-        // One lock: a field's guard would live to the statement's end.
-        let (epoch, fenced) = {
-            let state = member.state();
-            (state.lease_epoch, state.fenced)
-        };
         Renewal {
             sent_at: Instant::now(),
             token: 0,
-            epoch,
+            epoch: member.state().lease_epoch,
             fleet_since,
-            sent_caught_up: !fenced,
             continuous,
             last: "200-0".parse().unwrap(),
             members: 2,

@@ -70,7 +70,11 @@
 //!   ones that join meanwhile. A member that was fenced when the record
 //!   began anew counts as starting afresh, and stays fenced until a
 //!   renewal a lease later says whether the record is marked; over a kept
-//!   stream only members that were caught up mark it. So after a restart
+//!   stream only members that were caught up mark it. (A renewal sent
+//!   while caught up that waits out the outage runs after its member
+//!   fenced: it marks the record, and its member counts as fresh in it.
+//!   Without a member that can meet the mark, a fleet without a source then
+//!   stays fenced, failing open, until `{name}:snapshot:needed` is deleted.) So after a restart
 //!   from an older dump, what a lapsed member lacks comes from a caught-up
 //!   member's snapshot; if no member was caught up (Redis down for longer
 //!   than a lease), the kept stream is all there is: the members keep what

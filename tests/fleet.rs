@@ -126,11 +126,17 @@ async fn refused_join(
 /// Writes 20 keys through `member` (acknowledged by the fleet) and returns
 /// them: the keys from before the loss that a test then looks for.
 async fn write_keys_from_before(member: &Member) -> Vec<String> {
-    let before: Vec<String> = (0..20).map(|n| format!("before:{n}")).collect();
-    for key in &before {
+    write_keys(member, "before").await
+}
+
+/// Writes the 20 keys `{prefix}:0` to `{prefix}:19` through `member`
+/// (acknowledged by the fleet) and returns them.
+async fn write_keys(member: &Member, prefix: &str) -> Vec<String> {
+    let keys: Vec<String> = (0..20).map(|n| format!("{prefix}:{n}")).collect();
+    for key in &keys {
         member.fleet.insert_then_write(key, async {}).await.unwrap();
     }
-    before
+    keys
 }
 
 /// Appends `key` to the fleet's stream as a member's write does, without
@@ -660,10 +666,7 @@ async fn a_member_joining_after_redis_restarted_from_an_older_dump_holds_every_k
     let () = redis::cmd("SAVE")
         .query(&mut server.client().get_connection().unwrap())
         .unwrap();
-    let after_dump: Vec<String> = (0..20).map(|n| format!("after-dump:{n}")).collect();
-    for key in &after_dump {
-        a.fleet.insert_then_write(key, async {}).await.unwrap();
-    }
+    let after_dump = write_keys(&a, "after-dump").await;
     caught_up(&b).await;
     server.restart_from_dump();
     let c = join(guard("c"), server.client(), "dump").await;
@@ -3118,10 +3121,7 @@ async fn a_member_lapsed_before_a_long_outage_and_an_older_dump_keeps_what_the_d
     let mut connection = server.client().get_connection().unwrap();
     let () = redis::cmd("SAVE").query(&mut connection).unwrap();
     stall_until_fenced(&proxy, &b).await;
-    let after_dump: Vec<String> = (0..20).map(|n| format!("after-dump:{n}")).collect();
-    for key in &after_dump {
-        a.fleet.insert_then_write(key, async {}).await.unwrap();
-    }
+    let after_dump = write_keys(&a, "after-dump").await;
     server.kill();
     wait_until("`a` to fence itself", || a.guard().is_fenced()).await;
     // Down for longer than a lease: renewals `a` sent before it fenced end.
@@ -3163,10 +3163,7 @@ async fn a_renewal_that_waited_out_a_restart_from_an_older_dump_leaves_the_fleet
     let a = join(guard("a"), server.client(), "outage").await;
     let mut connection = server.client().get_connection().unwrap();
     let () = redis::cmd("SAVE").query(&mut connection).unwrap();
-    let after_dump: Vec<String> = (0..20).map(|n| format!("after-dump:{n}")).collect();
-    for key in &after_dump {
-        a.fleet.insert_then_write(key, async {}).await.unwrap();
-    }
+    let after_dump = write_keys(&a, "after-dump").await;
     server.kill();
     wait_until("`a` to fence itself", || a.guard().is_fenced()).await;
     server.restart_from_dump();

@@ -630,40 +630,33 @@ async fn a_collation_changed_and_changed_back_during_a_pass_fails_it() {
 /// page's statement now names them by oid too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collation_made_again_under_its_name_during_a_pass_fails_it() {
-    let server = PostgresServer::start();
-    let one_connection = server.one_connection_pool().await;
-    let remake_bytewise_as_linguistic = "\
-        ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE \"C\"; \
-        DROP COLLATION bytewise; \
-        CREATE COLLATION bytewise (provider = icu, locale = 'und'); \
-        ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE bytewise";
-    a_pass_across_migrations(
-        &server,
-        one_connection,
-        2,
-        "bytewise",
-        &[remake_bytewise_as_linguistic],
-    )
-    .await;
+    a_pass_across_a_collation_made_again("bytewise").await;
 }
 
 /// The same under a collation named with its schema, off the search path
 /// (`elsewhere.bytewise`), which the page's lookup finds by that name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_qualified_collation_made_again_under_its_name_during_a_pass_fails_it() {
+    a_pass_across_a_collation_made_again("elsewhere.bytewise").await;
+}
+
+/// A pass over `tags` under `collation` (a "C" one, `B Z a c`), across one
+/// migration that drops it and makes it again, linguistic (`a B c Z`).
+async fn a_pass_across_a_collation_made_again(collation: &str) {
     let server = PostgresServer::start();
     let one_connection = server.one_connection_pool().await;
-    let remake_elsewhere_as_linguistic = "\
-        ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE \"C\"; \
-        DROP COLLATION elsewhere.bytewise; \
-        CREATE COLLATION elsewhere.bytewise (provider = icu, locale = 'und'); \
-        ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE elsewhere.bytewise";
+    let made_again_as_linguistic = format!(
+        "ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE \"C\"; \
+         DROP COLLATION {collation}; \
+         CREATE COLLATION {collation} (provider = icu, locale = 'und'); \
+         ALTER TABLE tags ALTER COLUMN name TYPE text COLLATE {collation}"
+    );
     a_pass_across_migrations(
         &server,
         one_connection,
         2,
-        "elsewhere.bytewise",
-        &[remake_elsewhere_as_linguistic],
+        collation,
+        &[&made_again_as_linguistic],
     )
     .await;
 }

@@ -157,12 +157,12 @@ impl GuardBuilder {
     /// [`Guard::insert`]: the filter is stale. The guard inserts it, counts
     /// it ([`GuardStats::stale_negatives`](super::GuardStats::stale_negatives)),
     /// logs it and, with a source, rebuilds (other keys may have been written
-    /// so). In a fleet the key goes into this member only: a fleet
-    /// snapshot it adopts before its rebuild gets the key back (the last
-    /// 4,096 found and not yet repaired by a rebuild, which without a
-    /// source is never). A check that fails, times out (5 s) or panics is
-    /// followed by a pause (100 ms, doubling with each failure in a row up
-    /// to 5 s; samples taken meanwhile wait in the queue or are dropped), is counted in
+    /// so). In a fleet the key goes into this member only, and every fleet
+    /// snapshot it adopts gets the key back (the last 4,096 found, repaired
+    /// by a rebuild or not: a snapshot older than that rebuild lacks them).
+    /// A check that fails, times out (5 s) or panics is followed by a pause
+    /// (100 ms, doubling with each failure in a row up to 5 s; samples taken
+    /// meanwhile wait in the queue or are dropped), is counted in
     /// [`GuardStats::staleness_checks_failed`](super::GuardStats::staleness_checks_failed)
     /// and logged at WARN (at once, then at most once a minute; a panic is
     /// also printed by the panic hook, each time).

@@ -442,6 +442,16 @@ impl LiveSet {
         self.generations.last()
     }
 
+    /// Whether any generation's filter may hold the key `hash` is the hash
+    /// of, whatever the set answers (warming, fenced). The newest first: it
+    /// is the likeliest to hold a recent key.
+    pub(crate) fn filters_hold(&self, hash: u64) -> bool {
+        self.generations
+            .iter()
+            .rev()
+            .any(|generation| generation.filter.contains_hashed(hash))
+    }
+
     /// The same filters with `shadow` taking inserts alongside.
     pub(crate) fn with_shadow(&self, shadow: Option<Arc<Shadow>>) -> Self {
         Self {

@@ -235,18 +235,18 @@ impl Guard {
         // A panic in the user's check is a failed check, not the end of
         // the task that rebuilds and rotates.
         let asked = AssertUnwindSafe(async { verifier.exists(key.clone()).await }).catch_unwind();
+        let hash = self.hash(&key);
         let failure = match tokio::time::timeout(VERIFY_TIMEOUT, asked).await {
             // Re-checked after the store answered: an insert that preceded
             // the write the store just showed is in the filter by now. The
             // filters, not the verdict: fenced (catching up after taking a
             // fleet snapshot), the guard answers "maybe" for a key the set
             // it took may lack.
-            Ok(Ok(Ok(true))) if !self.filters_hold(self.hash(&key)) => {
+            Ok(Ok(Ok(true))) if !self.filters_hold(hash) => {
                 // The store holds it: never `Absent` again, whether or not
                 // a rebuild follows (a guard without a source has none), and
                 // kept for a fleet snapshot that replaces the set
                 // (`replace_from_snapshot`).
-                let hash = self.hash(&key);
                 self.inner.stale.record(hash);
                 self.insert_hash(hash);
                 self.inner.counters.add(Counter::StaleNegatives as usize, 1);

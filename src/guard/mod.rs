@@ -427,13 +427,7 @@ impl Guard {
         if live.fenced {
             return Verdict::MaybePresent;
         }
-        // The newest generation is the likeliest to hold a recent key.
-        present_if(
-            live.generations
-                .iter()
-                .rev()
-                .any(|g| g.filter.contains_hashed(hash)),
-        )
+        present_if(live.filters_hold(hash))
     }
 
     /// Offers an `Absent` answer to the staleness check, if there is one.
@@ -448,11 +442,7 @@ impl Guard {
     /// the guard answers (fenced, it answers "maybe" for every key), from
     /// the set a check reads (a swap publishes it before the inserts' one).
     fn filters_hold(&self, hash: u64) -> bool {
-        self.read_live(|live| {
-            live.generations
-                .iter()
-                .any(|generation| generation.filter.contains_hashed(hash))
-        })
+        self.read_live(|live| live.filters_hold(hash))
     }
 
     /// Merges a filter built elsewhere (a snapshot shipped by other means than

@@ -180,8 +180,9 @@ impl Guard {
             .live
             .replace_fenced(generations, covers_the_store);
         // Keys the staleness check found here went into the set just
-        // replaced: the store holds them, and the rebuild that repairs them
-        // may be a scan away (see `StaleFindings::record` for the order).
+        // replaced: the store holds them, and the set taken may be older
+        // than the rebuild that repaired them, or that rebuild a scan away
+        // (see `StaleFindings::record` for the order).
         for hash in self.inner.stale.found_hashes() {
             self.insert_hash(hash);
         }

@@ -31,9 +31,9 @@ pub(crate) struct StaleFindings {
     found: AtomicU64,
     repaired: AtomicU64,
     /// The hashes of the keys found (the newest [`KEPT_FINDINGS`]): their
-    /// inserts went into this guard's set alone, and a set that replaces it whole (a fleet snapshot) gets them
-    /// back, repaired or not: a snapshot read before this guard's own
-    /// rebuild repaired one may still be taken after it.
+    /// inserts went into this guard's set alone, and a set that replaces it
+    /// whole (a fleet snapshot) gets them back, repaired or not: a snapshot
+    /// read before this guard's own rebuild repaired one may be taken after.
     found_keys: Mutex<VecDeque<u64>>,
 }
 

@@ -73,17 +73,18 @@
 //!   stream only members that were caught up mark it. (A renewal sent
 //!   while caught up that waits out the outage runs after its member
 //!   fenced: it marks the record, and its member counts as fresh in it.
-//!   Without a member that can meet the mark, a fleet without a source then
-//!   stays fenced, failing open, until `{name}:snapshot:needed` is deleted.) So after a restart
-//!   from an older dump, what a lapsed member lacks comes from a caught-up
-//!   member's snapshot; if no member was caught up (Redis down for longer
-//!   than a lease), the kept stream is all there is: the members keep what
-//!   they held, and one that joins loads a snapshot one of them publishes
-//!   on learning of the new record, but a member whose lease had lapsed
-//!   before the outage lacks the keys acknowledged without it that the
-//!   dump cut, answers `Absent` for them, and may publish that snapshot
-//!   (a double fault; known, not fixed). A failover back to a
-//!   master that never resynced keeps its run id, and is not noticed.
+//!   Without a member that can meet the mark, a fleet without a source
+//!   then stays fenced, failing open, until `{name}:snapshot:needed` is
+//!   deleted.) So after a restart from an older dump, what a lapsed member
+//!   lacks comes from a caught-up member's snapshot; if no member was
+//!   caught up (Redis down for longer than a lease), the kept stream is all
+//!   there is: the members keep what they held, and one that joins loads a
+//!   snapshot one of them publishes on learning of the new record, but a
+//!   member whose lease had lapsed before the outage lacks the keys
+//!   acknowledged without it that the dump cut, answers `Absent` for them,
+//!   and may publish that snapshot (a double fault; known, not fixed). A
+//!   failover back to a master that never resynced keeps its run id, and
+//!   is not noticed.
 //! - **One configuration per fleet.** The first member records the settings
 //!   that must agree (seed, size, rate, lifecycle, write settle, lease, and
 //!   the version of what members write for each other) under
@@ -1283,8 +1284,8 @@ impl Drop for MembershipEnds {
 /// the write settle after its append, it appends its keys again in the
 /// background, on the tokio runtime it is dropped on, as `finish` would
 /// (tried until Redis takes them, while a `FleetSync` of the member
-/// lives), but waits for no member: the write may have landed, and a member whose
-/// rebuild read its source earlier, or whose
+/// lives), but waits for no member: the write may have landed, and a
+/// member whose rebuild read its source earlier, or whose
 /// [confirmed-absent cache](crate::GuardedLoader::confirmed_absent_cache)
 /// kept the store's "absent" from before it landed, learns the key again.
 /// A write that lands after the drop, a drop outside a runtime, or one on
@@ -1313,9 +1314,8 @@ impl FleetWrite {
     /// tried again in the background, as at a drop, until Redis takes it
     /// (one task per member for every such write, each key once, backing
     /// off to a lease between tries) or no `FleetSync` of the member is
-    /// left, having left the fleet or not; until
-    /// then a member whose rebuild read its source before the write landed
-    /// lacks the key, and so does every member that replaces its set with
+    /// left, having left the fleet or not; until then a member whose
+    /// rebuild read its source before the write landed lacks the key, and so does every member that replaces its set with
     /// that rebuild, a member whose confirmed-absent cache asked the store
     /// before the write landed may answer absent for it, and on a rotating
     /// guard a member that did not apply it counts the key's window from

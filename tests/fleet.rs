@@ -3100,17 +3100,13 @@ async fn a_member_recovering_when_redis_restarts_from_an_older_dump_waits_for_th
 /// without it; then Redis went down for longer than a lease and restarted
 /// from a dump older than those keys. Both were fenced when the record
 /// began anew, so over the kept stream neither marked it, and `b` replayed
-/// the stream and answered `Absent` for all 20 (seen on 2026-11-26, in 3
-/// runs of 3; where a renewal `a` sent before it fenced ran only after the
-/// restart, it marked as caught up and both stayed fenced instead). Known,
-/// not fixed: `a` saw entries the restart cut (its position is past the
-/// kept stream's end) and could mark on that evidence, but then counts as
-/// fresh, and a sourceless fleet stays fenced until the mark is deleted;
-/// letting it vouch needs the mark to name the newest position any member
-/// from before held. See the fleet's module docs. (A fix that keeps the
-/// members fenced instead must change what this waits for.)
+/// the stream and answered `Absent` for all 20 (seen in 3 runs of 3; where
+/// a renewal `a` sent before it fenced ran only after the restart, it
+/// marked as caught up and both stayed fenced instead). Now each reports
+/// the newest entry it holds: `a`'s is gone from the stream, which marks
+/// the record; `a` holds the newest, vouches a lease into the record and
+/// publishes; `b`, behind it, recovers from that snapshot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known false negative after a double fault: a lapsed member, then a long outage and an older dump"]
 async fn a_member_lapsed_before_a_long_outage_and_an_older_dump_keeps_what_the_dump_cut() {
     let BehindAProxy {
         mut server,
@@ -3149,15 +3145,15 @@ async fn a_member_lapsed_before_a_long_outage_and_an_older_dump_keeps_what_the_d
 /// itself) waits out the outage and runs after the restart, marking the new
 /// record as one a caught-up member lived through; the member, fenced by
 /// the time the reply comes, takes itself for fresh in that record, so it
-/// lacks what it vouched for, nobody can publish the snapshot the mark asks
-/// for, and a fleet without a source stays fenced (every check "maybe")
-/// until `{name}:snapshot:needed` is deleted: 3 runs of 3 timed out waiting
-/// for a joiner to catch up. Fail-open, so the one rule holds; known, not
-/// fixed. Judging the member as its renewal was sent (tried, reverted) lets
-/// one whose lease lapsed after sending, while writes were acknowledged
-/// without it, vouch for a set that lacks them.
+/// lacked what it vouched for, nobody could publish the snapshot the mark
+/// asked for, and a fleet without a source stayed fenced (every check
+/// "maybe") until `{name}:snapshot:needed` was deleted: 3 runs of 3 timed
+/// out waiting for a joiner to catch up. (Judging the member as its renewal
+/// was sent, tried and reverted, let one whose lease lapsed after sending,
+/// while writes were acknowledged without it, vouch for a set that lacks
+/// them.) Now the member holds the record's frontier, the newest entry any
+/// member from before holds, and vouches by that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known liveness limit: a renewal that waits out a restart from an older dump leaves a sourceless fleet fenced"]
 async fn a_renewal_that_waited_out_a_restart_from_an_older_dump_leaves_the_fleet_able_to_recover() {
     let mut server = RedisServer::start();
     let a = join(guard("a"), server.client(), "outage").await;
@@ -3175,4 +3171,46 @@ async fn a_renewal_that_waited_out_a_restart_from_an_older_dump_leaves_the_fleet
             assert_ne!(member.guard().check(key), Verdict::Absent, "{key}");
         }
     }
+}
+
+/// Redis down for longer than a lease, every member caught up before it,
+/// then restarted from a dump older than the last writes: no member was
+/// caught up when the record began anew, and each holds what the dump cut.
+/// Nobody marked the record, and `c`, joining then, replayed the kept
+/// stream from its start and answered `Absent` for the keys the dump cut
+/// (seen on 2026-11-26, before the frontier). Now the members report what
+/// they held; it is gone from the stream, which marks the record; they
+/// hold the newest, vouch, and one publishes the snapshot `c` loads. The
+/// fleet recovers without a source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sourceless_fleet_through_a_long_outage_and_an_older_dump_recovers_with_every_key() {
+    let mut server = RedisServer::start();
+    let a = join(guard("a"), server.client(), "outage").await;
+    let b = join(guard("b"), server.client(), "outage").await;
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("SAVE").query(&mut connection).unwrap();
+    let after_dump = write_keys(&a, "after-dump").await;
+    caught_up(&b).await;
+    server.kill();
+    wait_until("both to fence themselves", || {
+        a.guard().is_fenced() && b.guard().is_fenced()
+    })
+    .await;
+    tokio::time::sleep(LEASE * 5).await;
+    server.restart_from_dump();
+    caught_up(&a).await;
+    caught_up(&b).await;
+    let c = join(guard("c"), server.client(), "outage").await;
+    caught_up(&c).await;
+    for member in [&a, &b, &c] {
+        for key in &after_dump {
+            assert_ne!(
+                member.guard().check(key),
+                Verdict::Absent,
+                "{key}, acknowledged after the dump, on {}",
+                member.fleet.member()
+            );
+        }
+    }
+    drop((a, b, c, server));
 }

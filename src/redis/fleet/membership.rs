@@ -45,7 +45,7 @@ use tokio::time::Instant;
 
 use super::position::POSITION_BEFORE;
 use super::stream::Appended;
-use super::{FleetSync, StreamPosition};
+use super::{FleetSync, Lack, StreamPosition};
 use crate::error::FleetError;
 use crate::sync::unpoisoned;
 
@@ -117,8 +117,10 @@ end
 -- A member fresh in a marked record (`fresh_in`; `lacked` = '1': it saw
 -- it marked) lacks its keys in a later one too: it is told, to load the
 -- snapshot, and while none has met the need it marks the later record
--- itself, whatever became of the mark (a dump saved before it).
-local function snapshot_needed(needed_key, record_key, manifest_key, known, fresh_in, lacked, since)
+-- itself, whatever became of the mark (a dump saved before it). One whose
+-- set holds that record's frontier (`holds`, '0-0': nothing) lacks nothing
+-- the record needed: the later record's frontier judges it.
+local function snapshot_needed(needed_key, record_key, manifest_key, known, fresh_in, lacked, holds, since)
   local marked = tonumber(redis.call('GET', needed_key))
   if marked and marked ~= since and record_kept(record_key, marked)
     and not met(record_key, marked) then
@@ -132,7 +134,10 @@ local function snapshot_needed(needed_key, record_key, manifest_key, known, fres
   local lacks = 0
   if fresh_in ~= 0 and fresh_in ~= since and record_kept(record_key, fresh_in)
     and (marked == fresh_in or lacked == '1') then
-    lacks = 1
+    local frontier = redis.call('HGET', record_key, 'f' .. fresh_in)
+    if holds == '0-0' or not frontier or position_before(holds, frontier) then
+      lacks = 1
+    end
     if not met(record_key, fresh_in) and not covers(manifest_key, fresh_in) then
       redis.call('SET', needed_key, since)
     end
@@ -158,12 +163,14 @@ end
 static RECORD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
+            // First: `snapshot_needed` calls it.
+            POSITION_BEFORE,
             RECORD_SINCE,
             r"
 local since = record_since(KEYS[1], KEYS[2])
 local marks = ARGV[1]
 if record_kept(KEYS[2], ARGV[1]) then marks = 0 end
-local needed, lacks = snapshot_needed(KEYS[3], KEYS[2], KEYS[4], marks, ARGV[3], ARGV[4], since)
+local needed, lacks = snapshot_needed(KEYS[3], KEYS[2], KEYS[4], marks, ARGV[3], ARGV[4], '0-0', since)
 local now = now_ms()
 local aged = 0
 if now >= since + tonumber(ARGV[2]) then aged = 1 end
@@ -184,17 +191,25 @@ return {since, needed, aged, lacks}
 /// the stream, only a member that was caught up (`ARGV[6]` = 1) marks: one
 /// whose lease had lapsed vouches for nothing, and through a failover that
 /// lapsed every lease nobody has to; a member fresh in a marked record
-/// (`ARGV[7]`; `ARGV[8]` = 1: it saw the mark) carries the need on. Returns
-/// `{continuous, last, members, since, needed, kept, trimmed, covered, lacks}`:
+/// (`ARGV[7]`; `ARGV[8]` = 1: it saw the mark) carries the need on.
+/// Over a kept stream, every member from before also reports the newest
+/// entry its set holds with every one before it: at a record's first
+/// renewal what it holds now (`ARGV[12]`), at later ones what it held when
+/// the record began (`ARGV[11]`; `0-0`: nothing reported). The newest of
+/// these is the record's frontier (`f{since}` in `KEYS[6]`), and one the
+/// stream no longer holds (Redis cut its end) marks the record, whether or
+/// not a member was caught up. Returns
+/// `{continuous, last, members, since, needed, kept, trimmed, covered, lacks, frontier, aged}`:
 /// whether the lease it held was still live in Redis, the stream's last
 /// entry id, how many members hold live leases now, when the fleet's record
 /// began (which changes when Redis lost the fleet's data or restarted),
 /// whether the record is marked, whether the stream holds everything since
 /// the member's record (`ARGV[4]`) began,
 /// the newest entry trimmed from the stream, whether the snapshot in
-/// `KEYS[8]` holds what preceded the record, and whether the member lacks
-/// the keys an earlier marked record needed. Drops lapsed members on the
-/// way.
+/// `KEYS[8]` holds what preceded the record, whether the member lacks
+/// the keys an earlier marked record needed, where what it reported stands
+/// ([`Frontier`]: 0, 1, 2), and whether the record is two leases old. Drops
+/// lapsed members on the way.
 ///
 /// The lease counts as continuous only where the member's last renewal
 /// taken in (`ARGV[10]`, its token) is the one that took it, by `KEYS[9]`,
@@ -204,6 +219,7 @@ return {since, needed, aged, lacks}
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
+            POSITION_BEFORE,
             RECORD_SINCE,
             r"
 local since = record_since(KEYS[3], KEYS[6])
@@ -232,15 +248,38 @@ if record_kept(KEYS[6], ARGV[4]) then kept = 1 end
 -- A member from before: the keys acknowledged then are in its set only.
 local marks = ARGV[5]
 if kept == 1 and ARGV[6] ~= '1' then marks = 0 end
-local needed, lacks = snapshot_needed(KEYS[5], KEYS[6], KEYS[8], marks, ARGV[7], ARGV[8], since)
+local needed, lacks = snapshot_needed(KEYS[5], KEYS[6], KEYS[8], marks, ARGV[7], ARGV[8], ARGV[12], since)
+local trimmed = redis.call('GET', KEYS[7]) or '0-0'
+-- The record's frontier: the newest entry of the kept stream that a member
+-- from before holds (with every one before it). Past the trim mark and gone
+-- from the stream, it was cut (a restart from an older dump): the members
+-- at it hold what the stream lost, acknowledged perhaps without the others.
+local held = '0-0'
+if kept == 1 then
+  if tonumber(ARGV[4]) ~= since then held = ARGV[12] else held = ARGV[11] end
+end
+local frontier, aged = 0, 0
+if now >= since + 2 * tonumber(ARGV[2]) then aged = 1 end
+if held ~= '0-0' then
+  local newest = redis.call('HGET', KEYS[6], 'f' .. since)
+  if not newest or position_before(newest, held) then
+    newest = held
+    redis.call('HSET', KEYS[6], 'f' .. since, held)
+  end
+  if position_before(trimmed, held) and #redis.call('XRANGE', KEYS[4], held, held) == 0 then
+    redis.call('SET', KEYS[5], since)
+    needed = 1
+  end
+  frontier = 1
+  if not position_before(held, newest) then frontier = 2 end
+end
 redis.call('HSET', KEYS[2], ARGV[1], applied)
 local last = '0-0'
 local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
 if newest[1] then last = newest[1][1] end
-local trimmed = redis.call('GET', KEYS[7]) or '0-0'
 local covered = 0
 if covers(KEYS[8], since) then covered = 1 end
-return {continuous, last, redis.call('ZCARD', KEYS[1]), since, needed, kept, trimmed, covered, lacks}
+return {continuous, last, redis.call('ZCARD', KEYS[1]), since, needed, kept, trimmed, covered, lacks, frontier, aged}
 ",
         ]
         .concat(),
@@ -334,13 +373,36 @@ pub(super) struct Renewal {
     /// and has not loaded them: it recovers (from the snapshot that met the
     /// need, or one under this record).
     pub(super) lacks_what_preceded: bool,
+    /// Where what this member held when the record began over a kept
+    /// stream (`MemberState::held_before`) stands against the record's
+    /// frontier.
+    pub(super) frontier: Frontier,
+    /// The record is two leases old: every member from before that renews
+    /// has reported what it held by then.
+    pub(super) record_aged: bool,
+}
+
+/// Where a member's set stands against the record's frontier: the newest
+/// entry of a kept stream (a restart, a failover) that any member from
+/// before the record held, with every entry before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Frontier {
+    /// It held nothing of that stream that it reported (it joined since,
+    /// or the record began on a new stream).
+    NotReported,
+    /// Behind another member: it lacks what that one holds, if the
+    /// stream lost it.
+    Behind,
+    /// At the frontier: once the record is aged, it vouches for what
+    /// preceded the record, as a member caught up through it does.
+    At,
 }
 
 impl FleetSync {
     /// Renews this member's lease, publishing its position.
     pub(super) async fn renew(&self) -> Result<Renewal, FleetError> {
         let keys = &self.inner.keys;
-        let (position, epoch, fleet_since, leased_in, caught_up, (fresh_in, lacked), token, taken) = {
+        let (position, epoch, fleet_since, leased_in, caught_up, lack, token, taken) = {
             let mut state = self.state();
             state.renewals_sent += 1;
             (
@@ -354,9 +416,27 @@ impl FleetSync {
                 state.renewal_taken,
             )
         };
+        let Lack {
+            fresh_in,
+            lacked,
+            held_before,
+            holds,
+        } = lack;
         let sent_at = Instant::now();
         let mut connection = self.inner.connection.get().await?;
-        type Reply = (u8, StreamPosition, u64, u64, u8, u8, StreamPosition, u8, u8);
+        type Reply = (
+            u8,
+            StreamPosition,
+            u64,
+            u64,
+            u8,
+            u8,
+            StreamPosition,
+            u8,
+            u8,
+            u8,
+            u8,
+        );
         let reply: Result<Reply, _> = self
             .run_replicated(
                 &mut connection,
@@ -380,16 +460,29 @@ impl FleetSync {
                     .arg(fresh_in.unwrap_or(0))
                     .arg(u8::from(lacked))
                     .arg(token)
-                    .arg(taken),
+                    .arg(taken)
+                    .arg(held_before)
+                    .arg(holds),
             )
             .await;
         // A renewal that failed may have run in Redis and found the lease
         // lapsed, and one its replicas do not hold yet would be lost in a
         // failover: either way the next renewal must not count as continuous.
-        let (continuous, last, members, fleet_since, snapshot_needed, kept, trimmed, covers, lacks) =
-            reply.inspect_err(|_| {
-                self.state().lease_in_doubt = true;
-            })?;
+        let (
+            continuous,
+            last,
+            members,
+            fleet_since,
+            snapshot_needed,
+            kept,
+            trimmed,
+            covers,
+            lacks,
+            frontier,
+            aged,
+        ) = reply.inspect_err(|_| {
+            self.state().lease_in_doubt = true;
+        })?;
         Ok(Renewal {
             sent_at,
             token,
@@ -403,6 +496,12 @@ impl FleetSync {
             kept: kept == 1,
             trimmed,
             lacks_what_preceded: lacks == 1,
+            frontier: match frontier {
+                2 => Frontier::At,
+                1 => Frontier::Behind,
+                _ => Frontier::NotReported,
+            },
+            record_aged: aged == 1,
         })
     }
 
@@ -417,7 +516,12 @@ impl FleetSync {
     /// from before it that the fleet still wants.
     pub(super) async fn refresh_record(&self) -> Result<bool, FleetError> {
         let keys = &self.inner.keys;
-        let (known, (fresh_in, lacked)) = {
+        let (
+            known,
+            Lack {
+                fresh_in, lacked, ..
+            },
+        ) = {
             let state = self.state();
             (state.leased_in, state.lack())
         };
@@ -444,6 +548,9 @@ impl FleetSync {
             state.stream_resets += 1;
             state.position = StreamPosition::START;
             state.catch_up_to = None;
+            // Recovering: it loads a snapshot or rebuilds, replacing what
+            // it held.
+            state.held_before = None;
             if lacks == 0 {
                 state.fresh_in = Some(since);
                 // As after a renewal that found the record new: a snapshot

@@ -200,7 +200,7 @@ use super::Connection;
 use crate::guard::{Guard, MAX_DURATION, PendingWrite};
 use crate::sync::unpoisoned;
 use crate::task::StoppableTask;
-use membership::Renewal;
+use membership::{Frontier, Renewal};
 use snapshot::SnapshotId;
 use stats::FleetCounters;
 
@@ -418,6 +418,15 @@ struct MemberState {
     /// did. `None`: it holds those from before too (it lived through the
     /// record's change, or adopted a snapshot or a rebuild that did).
     fresh_in: Option<u64>,
+    /// The newest entry of the stream that this member's set held, with
+    /// every one before it, when the record began over a kept stream (a
+    /// restart, a failover), whose end Redis may have lost (a restart from
+    /// an older dump). Reported at each renewal: the newest over all
+    /// members from before is the record's frontier (see `Frontier`).
+    /// While the member is fresh in the record, its position says nothing
+    /// of what it holds past this: the stream may have a hole there. `None`:
+    /// nothing held from before, or its position says it all.
+    held_before: Option<StreamPosition>,
     /// Whether the last renewal found the keys from before a data loss
     /// wanted in a snapshot (`{name}:snapshot:needed`).
     snapshot_needed: bool,
@@ -458,13 +467,28 @@ struct MemberState {
 }
 
 impl MemberState {
-    /// The record this member is fresh in (see `fresh_in`), and whether it
-    /// saw that record marked: it lacks the keys the record needs, and
-    /// goes on lacking them in a record that keeps its stream.
-    fn lack(&self) -> (Option<u64>, bool) {
+    /// What a renewal tells Redis of the keys from before a record this
+    /// member may lack.
+    fn lack(&self) -> Lack {
         let lacked =
             self.snapshot_needed && self.fresh_in.is_some() && self.fresh_in == self.fleet_since;
-        (self.fresh_in, lacked)
+        Lack {
+            fresh_in: self.fresh_in,
+            lacked,
+            held_before: self.held_before.unwrap_or_default(),
+            holds: self.holds_up_to(),
+        }
+    }
+
+    /// The newest entry of its record's stream that this member's set holds
+    /// with every one before it: its position, unless it became fresh in
+    /// the record over a kept stream (what it held then; past it, the
+    /// stream may lack entries that other members hold).
+    fn holds_up_to(&self) -> StreamPosition {
+        match self.held_before {
+            Some(held) if self.fresh_in.is_some() && self.fresh_in == self.fleet_since => held,
+            held => held.unwrap_or_default().max(self.position),
+        }
     }
 
     /// This member no longer counts on its lease: a renewal's reply still
@@ -486,6 +510,20 @@ impl MemberState {
             || self.fresh_until_renewed_after.is_some()
             || self.settings_differ
     }
+}
+
+/// What [`MemberState::lack`] tells.
+struct Lack {
+    /// The record this member is fresh in (see `MemberState::fresh_in`).
+    fresh_in: Option<u64>,
+    /// It saw that record marked: it lacks the keys the record needs, and
+    /// goes on lacking them in a record that keeps its stream.
+    lacked: bool,
+    /// What it held when the record began (`START`: nothing reported).
+    held_before: StreamPosition,
+    /// What it holds now ([`MemberState::holds_up_to`]): what it held
+    /// before, should the renewal find the record begun anew.
+    holds: StreamPosition,
 }
 
 /// The shortest lease and snapshot period: shorter ones would have members
@@ -942,6 +980,8 @@ impl FleetSync {
             state.record_confirmed = false;
             state.leased_in = None;
             state.fresh_until_renewed_after = None;
+            // What it held before leaving is not what it joins with.
+            state.held_before = None;
             // Learnt again by the first renewal; a stale one from before
             // leaving would have this member mark records it lacks nothing of.
             state.snapshot_needed = false;
@@ -1106,6 +1146,7 @@ impl FleetSync {
             state.renewed_at = Some(renewal.sent_at);
             state.members = renewal.members;
             let in_doubt = std::mem::take(&mut state.lease_in_doubt);
+            let holds = state.holds_up_to();
             let lost_data = state
                 .fleet_since
                 .replace(renewal.fleet_since)
@@ -1129,6 +1170,9 @@ impl FleetSync {
                     state.fresh_in = Some(renewal.fleet_since);
                     state.fresh_until_renewed_after = Some(renewal.sent_at + lease);
                 }
+                // As this renewal reported it (reads stop at a record not
+                // yet taken in: the position is the old stream's).
+                state.held_before = renewal.kept.then_some(holds);
                 let kept = renewal.kept;
                 state.position = if kept && state.position >= renewal.trimmed {
                     renewal.trimmed
@@ -1159,15 +1203,40 @@ impl FleetSync {
                 // the stream from its start.)
                 state.recovering = true;
             }
-            if state
-                .fresh_until_renewed_after
-                .is_some_and(|after| renewal.sent_at >= after)
+            // Made fresh by a record over a kept stream, which may have lost
+            // entries this member lacks and another holds: until every
+            // member from before has said what it held, it waits, fenced.
+            let fresh_over_kept =
+                state.fresh_in == Some(renewal.fleet_since) && state.held_before.is_some();
+            let waits = fresh_over_kept && !renewal.record_aged;
+            if fresh_over_kept && renewal.record_aged {
+                if renewal.frontier == Frontier::At {
+                    // It holds the newest entry any member from before held,
+                    // and every one before it: what preceded the record, as
+                    // a member caught up through the change does.
+                    state.fresh_in = None;
+                    tracing::info!(
+                        "this member holds the newest entries of the fleet's stream from \
+                         before Redis restarted: it vouches for them"
+                    );
+                } else if !renewal.snapshot_needed {
+                    // Unmarked: the stream holds what every member from
+                    // before held, and its position says what it holds.
+                    state.held_before = None;
+                }
+            }
+            if !waits
+                && state
+                    .fresh_until_renewed_after
+                    .is_some_and(|after| renewal.sent_at >= after)
             {
                 state.fresh_until_renewed_after = None;
             }
             state.snapshot_needed = renewal.snapshot_needed;
             let lacks_what_is_needed = renewal.lacks_what_preceded
-                || (renewal.snapshot_needed && state.fresh_in == Some(renewal.fleet_since));
+                || (renewal.snapshot_needed
+                    && state.fresh_in == Some(renewal.fleet_since)
+                    && !waits);
             if lacks_what_is_needed {
                 // Started at the new stream's start: the keys from before
                 // the loss are in other members' sets only.
@@ -1644,6 +1713,8 @@ mod tests {
             kept: false,
             trimmed: StreamPosition::START,
             lacks_what_preceded: false,
+            frontier: Frontier::NotReported,
+            record_aged: false,
         }
     }
 

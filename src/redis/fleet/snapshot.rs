@@ -495,6 +495,7 @@ impl FleetSync {
         state.fenced = true;
         state.replacements += 1;
         state.fresh_in = fresh_in;
+        state.held_before = None;
         // Read with a plain `GET`: the next renewal says whether the record
         // it belongs to still stands.
         state.record_confirmed = false;

@@ -530,6 +530,7 @@ impl FleetSync {
         state.position = StreamPosition::START;
         state.catch_up_to = None;
         state.fresh_in = state.fleet_since;
+        state.held_before = None;
         true
     }
 
@@ -552,7 +553,9 @@ impl FleetSync {
         match self.inner.guard.rebuild().await {
             Ok(_) => {
                 // From the store: it holds what was written before any loss.
-                self.state().fresh_in = None;
+                let mut state = self.state();
+                state.fresh_in = None;
+                state.held_before = None;
                 true
             }
             // The guard holds what it held before: so does its position,

@@ -70,19 +70,25 @@
 //!   ones that join meanwhile. A member that was fenced when the record
 //!   began anew counts as starting afresh, and stays fenced until a
 //!   renewal a lease later says whether the record is marked; over a kept
-//!   stream only members that were caught up mark it. (A renewal sent
-//!   while caught up that waits out the outage runs after its member
-//!   fenced: it marks the record, and its member counts as fresh in it.
-//!   Without a member that can meet the mark, a fleet without a source
-//!   then stays fenced, failing open, until `{name}:snapshot:needed` is
-//!   deleted.) So after a restart from an older dump, what a lapsed member
-//!   lacks comes from a caught-up member's snapshot; if no member was
-//!   caught up (Redis down for longer than a lease), the kept stream is all
-//!   there is: the members keep what they held, and one that joins loads a
-//!   snapshot one of them publishes on learning of the new record, but a
-//!   member whose lease had lapsed before the outage lacks the keys
-//!   acknowledged without it that the dump cut, answers `Absent` for them,
-//!   and may publish that snapshot (a double fault; known, not fixed). A
+//!   stream only members that were caught up mark it. Over a kept stream,
+//!   every member from before also reports the newest entry its set held
+//!   (with every one before it) when the record began: the newest of these
+//!   is the record's **frontier**, and one the stream no longer holds (a
+//!   restart from an older dump cut it) marks the record as well. A member
+//!   that counts as starting afresh there waits, fenced, until the record
+//!   is two leases old, by when every member from before that renews has
+//!   reported; then, at the frontier, it vouches for what preceded the
+//!   record as a caught-up member does; behind it, it recovers from a
+//!   snapshot that holds what preceded the record; and where nothing
+//!   marked the record, it goes on with the stream. So after a restart
+//!   from an older dump, what a lapsed member or a joiner lacks comes from
+//!   the snapshot of a member that was caught up or holds the frontier,
+//!   also when no member was caught up (Redis down for longer than a
+//!   lease), and a renewal sent while caught up that waits out the outage
+//!   (it marks the record, and its member, fenced by then, counts as
+//!   fresh) no longer leaves the fleet without a member to vouch. A member
+//!   from before that does not renew within those two leases (stalled, or
+//!   gone for good) is not known: what it alone held is lost with it. A
 //!   failover back to a master that never resynced keeps its run id, and
 //!   is not noticed.
 //! - **One configuration per fleet.** The first member records the settings

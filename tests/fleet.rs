@@ -3104,8 +3104,8 @@ async fn a_member_recovering_when_redis_restarts_from_an_older_dump_waits_for_th
 /// a renewal `a` sent before it fenced ran only after the restart, it
 /// marked as caught up and both stayed fenced instead). Now each reports
 /// the newest entry it holds: `a`'s is gone from the stream, which marks
-/// the record; `a` holds the newest, vouches a lease into the record and
-/// publishes; `b`, behind it, recovers from that snapshot.
+/// the record; `a` holds the newest, vouches two leases into the record
+/// and publishes; `b`, behind it, recovers from that snapshot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_lapsed_before_a_long_outage_and_an_older_dump_keeps_what_the_dump_cut() {
     let BehindAProxy {

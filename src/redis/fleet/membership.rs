@@ -107,6 +107,13 @@ end
 local function met(record_key, record)
   return redis.call('HEXISTS', record_key, 'm' .. record) == 1
 end
+-- Marks the record `record`: a snapshot holding what preceded it is
+-- needed. Listed as `n{record}`, since a later record that carries the
+-- need on takes the mark over.
+local function mark(needed_key, record_key, record)
+  redis.call('SET', needed_key, record)
+  redis.call('HSET', record_key, 'n' .. record, 1)
+end
 -- Whether the record `since` needs the keys from before it from a
 -- snapshot, and whether the member lacks keys from before an earlier
 -- record that the snapshot holds: `{needed, lacks}`.
@@ -115,11 +122,13 @@ end
 -- until a snapshot has met it; then it ends (a met need carried on sent
 -- members fenced across a restart, fresh in it, to recover for good).
 -- A member fresh in a marked record (`fresh_in`; `lacked` = '1': it saw
--- it marked) lacks its keys in a later one too: it is told, to load the
--- snapshot, and while none has met the need it marks the later record
--- itself, whatever became of the mark (a dump saved before it). One whose
--- set holds that record's frontier (`holds`, '0-0': nothing) lacks nothing
--- the record needed: the later record's frontier judges it.
+-- it marked; or listed as marked, while the fleet has a mark at all,
+-- which deleting it accepts the loss of) lacks its keys in a later one
+-- too: it is told, to load the snapshot, and while none has met the need
+-- it marks the later record itself, whatever became of the mark (a dump
+-- saved before it). One fresh there over a kept stream whose set held that
+-- record's frontier (`holds`, '0-0': nothing) lacks nothing the record
+-- needed: the later record's frontier judges it.
 local function snapshot_needed(needed_key, record_key, manifest_key, known, fresh_in, lacked, holds, since)
   local marked = tonumber(redis.call('GET', needed_key))
   if marked and marked ~= since and record_kept(record_key, marked)
@@ -127,23 +136,24 @@ local function snapshot_needed(needed_key, record_key, manifest_key, known, fres
     if covers(manifest_key, marked) then
       redis.call('HSET', record_key, 'm' .. marked, 1)
     else
-      redis.call('SET', needed_key, since)
+      mark(needed_key, record_key, since)
     end
   end
   fresh_in = tonumber(fresh_in)
   local lacks = 0
   if fresh_in ~= 0 and fresh_in ~= since and record_kept(record_key, fresh_in)
-    and (marked == fresh_in or lacked == '1') then
+    and (marked == fresh_in or lacked == '1'
+      or (marked and redis.call('HEXISTS', record_key, 'n' .. fresh_in) == 1)) then
     local frontier = redis.call('HGET', record_key, 'f' .. fresh_in)
     if holds == '0-0' or not frontier or position_before(holds, frontier) then
       lacks = 1
     end
     if not met(record_key, fresh_in) and not covers(manifest_key, fresh_in) then
-      redis.call('SET', needed_key, since)
+      mark(needed_key, record_key, since)
     end
   end
   if tonumber(known) ~= 0 and tonumber(known) ~= since then
-    redis.call('SET', needed_key, since)
+    mark(needed_key, record_key, since)
   end
   local needed = 0
   if tonumber(redis.call('GET', needed_key)) == since then needed = 1 end
@@ -198,7 +208,9 @@ return {since, needed, aged, lacks}
 /// the record began (`ARGV[11]`; `0-0`: nothing reported). The newest of
 /// these is the record's frontier (`f{since}` in `KEYS[6]`), and one the
 /// stream no longer holds (Redis cut its end) marks the record, whether or
-/// not a member was caught up. Returns
+/// not a member was caught up (`ARGV[13]`: what it held when it became
+/// fresh in its record over a kept stream, `0-0`: it did not, for
+/// `snapshot_needed`). Returns
 /// `{continuous, last, members, since, needed, kept, trimmed, covered, lacks, frontier, aged}`:
 /// whether the lease it held was still live in Redis, the stream's last
 /// entry id, how many members hold live leases now, when the fleet's record
@@ -248,7 +260,7 @@ if record_kept(KEYS[6], ARGV[4]) then kept = 1 end
 -- A member from before: the keys acknowledged then are in its set only.
 local marks = ARGV[5]
 if kept == 1 and ARGV[6] ~= '1' then marks = 0 end
-local needed, lacks = snapshot_needed(KEYS[5], KEYS[6], KEYS[8], marks, ARGV[7], ARGV[8], ARGV[12], since)
+local needed, lacks = snapshot_needed(KEYS[5], KEYS[6], KEYS[8], marks, ARGV[7], ARGV[8], ARGV[13], since)
 local trimmed = redis.call('GET', KEYS[7]) or '0-0'
 -- The record's frontier: the newest entry of the kept stream that a member
 -- from before holds (with every one before it). Past the trim mark and gone
@@ -266,8 +278,11 @@ if held ~= '0-0' then
     newest = held
     redis.call('HSET', KEYS[6], 'f' .. since, held)
   end
-  if position_before(trimmed, held) and #redis.call('XRANGE', KEYS[4], held, held) == 0 then
-    redis.call('SET', KEYS[5], since)
+  -- Marked once: a member's later reports, the record aged, would undo
+  -- an operator's deletion of the mark at every renewal.
+  if (tonumber(ARGV[4]) ~= since or aged == 0) and position_before(trimmed, held)
+    and #redis.call('XRANGE', KEYS[4], held, held) == 0 then
+    mark(KEYS[5], KEYS[6], since)
     needed = 1
   end
   frontier = 1
@@ -421,6 +436,7 @@ impl FleetSync {
             lacked,
             held_before,
             holds,
+            held_when_made_fresh,
         } = lack;
         let sent_at = Instant::now();
         let mut connection = self.inner.connection.get().await?;
@@ -462,7 +478,8 @@ impl FleetSync {
                     .arg(token)
                     .arg(taken)
                     .arg(held_before)
-                    .arg(holds),
+                    .arg(holds)
+                    .arg(held_when_made_fresh),
             )
             .await;
         // A renewal that failed may have run in Redis and found the lease

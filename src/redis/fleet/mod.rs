@@ -125,13 +125,11 @@
 //!   for longer than a lease): deleting `{name}:snapshot:needed` accepts
 //!   that those keys are lost, and the members take the new stream (a
 //!   restart within a lease of the deletion may have them mark the next
-//!   record: delete it again). Two restarts in a row can also leave such a
-//!   fleet fenced with a mark no member can meet: a restart that a caught-up
-//!   member marked (Redis may have cut the stream's end, which it holds),
-//!   followed by another before that member published, which every member
-//!   lived through fenced (each then counts as fresh in the new record); or
-//!   a member cut off from Redis for all of one record that still lacked
-//!   the keys a loss before it needed. Members with a source rebuild;
+//!   record: delete it again). A member cut off from Redis for all of one
+//!   record that still lacked the keys a loss before it needed can also
+//!   leave such a fleet fenced with a mark no member can meet, and so can a
+//!   member that reported the newest entry of a kept stream that Redis cut
+//!   and did not come back to vouch for it. Members with a source rebuild;
 //!   without one, deleting the mark ends it, as above. A restart from a
 //!   dump saved before the record it ends began (a failover, a restart or
 //!   a clock step began that record, and Redis saved nothing since) is
@@ -483,18 +481,23 @@ impl MemberState {
             lacked,
             held_before: self.held_before.unwrap_or_default(),
             holds: self.holds_up_to(),
+            held_when_made_fresh: self.held_when_made_fresh().unwrap_or_default(),
         }
     }
 
+    /// What this member held when it became fresh in its record over a
+    /// kept stream: past it, the stream may lack entries that other members
+    /// hold, whatever its position says.
+    fn held_when_made_fresh(&self) -> Option<StreamPosition> {
+        self.held_before
+            .filter(|_| self.fresh_in.is_some() && self.fresh_in == self.fleet_since)
+    }
+
     /// The newest entry of its record's stream that this member's set holds
-    /// with every one before it: its position, unless it became fresh in
-    /// the record over a kept stream (what it held then; past it, the
-    /// stream may lack entries that other members hold).
+    /// with every one before it.
     fn holds_up_to(&self) -> StreamPosition {
-        match self.held_before {
-            Some(held) if self.fresh_in.is_some() && self.fresh_in == self.fleet_since => held,
-            held => held.unwrap_or_default().max(self.position),
-        }
+        self.held_when_made_fresh()
+            .unwrap_or_else(|| self.held_before.unwrap_or_default().max(self.position))
     }
 
     /// This member no longer counts on its lease: a renewal's reply still
@@ -530,6 +533,9 @@ struct Lack {
     /// What it holds now ([`MemberState::holds_up_to`]): what it held
     /// before, should the renewal find the record begun anew.
     holds: StreamPosition,
+    /// [`MemberState::held_when_made_fresh`] (`START`: none): at an earlier
+    /// marked record's frontier, it lacks nothing that record needed.
+    held_when_made_fresh: StreamPosition,
 }
 
 /// The shortest lease and snapshot period: shorter ones would have members
@@ -1176,8 +1182,9 @@ impl FleetSync {
                     state.fresh_in = Some(renewal.fleet_since);
                     state.fresh_until_renewed_after = Some(renewal.sent_at + lease);
                 }
-                // As this renewal reported it (reads stop at a record not
-                // yet taken in: the position is the old stream's).
+                // What it held as the reply came: at least what the renewal
+                // reported (reads stop at a record not yet taken in, so the
+                // position is the old stream's), reported again at the next.
                 state.held_before = renewal.kept.then_some(holds);
                 let kept = renewal.kept;
                 state.position = if kept && state.position >= renewal.trimmed {

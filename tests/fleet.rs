@@ -1089,6 +1089,27 @@ async fn deleting_the_mark_lets_a_recovering_member_take_the_new_stream() {
     c.fleet.insert_then_write("after", async {}).await.unwrap();
     caught_up(&b).await;
     assert_eq!(b.guard().check("after"), Verdict::MaybePresent);
+    // The deletion accepted that loss for good: a later failover, which
+    // `c` marks (it was caught up), leaves both answering. A list of marked
+    // records that outlived the deletion had both recover for good, each
+    // waiting for a snapshot that only a member holding that loss's keys
+    // could publish.
+    let since: u64 = redis::cmd("GET")
+        .arg("{accept}:since")
+        .query(&mut connection)
+        .unwrap();
+    as_after_a_failover(&mut connection, "accept");
+    wait_until("`c` to mark the record the failover began", || {
+        let marked: Option<u64> = redis::cmd("GET")
+            .arg("{accept}:snapshot:needed")
+            .query(&mut connection)
+            .unwrap();
+        marked.is_some_and(|marked| marked != since)
+    })
+    .await;
+    tokio::time::sleep(LEASE * 2).await;
+    caught_up(&b).await;
+    caught_up(&c).await;
 }
 
 /// A record that begins anew over a stream Redis kept (a failover, a
@@ -3104,8 +3125,8 @@ async fn a_member_recovering_when_redis_restarts_from_an_older_dump_waits_for_th
 /// a renewal `a` sent before it fenced ran only after the restart, it
 /// marked as caught up and both stayed fenced instead). Now each reports
 /// the newest entry it holds: `a`'s is gone from the stream, which marks
-/// the record; `a` holds the newest, vouches two leases into the record
-/// and publishes; `b`, behind it, recovers from that snapshot.
+/// the record; `a` holds the newest, vouches a lease into the record and
+/// publishes; `b`, behind it, recovers from that snapshot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_lapsed_before_a_long_outage_and_an_older_dump_keeps_what_the_dump_cut() {
     let BehindAProxy {

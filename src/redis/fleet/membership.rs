@@ -108,11 +108,20 @@ local function met(record_key, record)
   return redis.call('HEXISTS', record_key, 'm' .. record) == 1
 end
 -- Marks the record `record`: a snapshot holding what preceded it is
--- needed. Listed as `n{record}`, since a later record that carries the
--- need on takes the mark over.
+-- needed. Listed as `n{record}` (and `marks` says a list exists), since a
+-- later record that carries the need on takes the mark over.
 local function mark(needed_key, record_key, record)
   redis.call('SET', needed_key, record)
-  redis.call('HSET', record_key, 'n' .. record, 1)
+  redis.call('HSET', record_key, 'n' .. record, 1, 'marks', 1)
+end
+-- With the mark deleted (which accepts that what it needed is lost), the
+-- list goes too: a later mark must not revive the needs it accepted.
+local function forget_marks(record_key)
+  if redis.call('HEXISTS', record_key, 'marks') == 0 then return end
+  for _, field in ipairs(redis.call('HKEYS', record_key)) do
+    if string.sub(field, 1, 1) == 'n' then redis.call('HDEL', record_key, field) end
+  end
+  redis.call('HDEL', record_key, 'marks')
 end
 -- Whether the record `since` needs the keys from before it from a
 -- snapshot, and whether the member lacks keys from before an earlier
@@ -122,8 +131,8 @@ end
 -- until a snapshot has met it; then it ends (a met need carried on sent
 -- members fenced across a restart, fresh in it, to recover for good).
 -- A member fresh in a marked record (`fresh_in`; `lacked` = '1': it saw
--- it marked; or listed as marked, while the fleet has a mark at all,
--- which deleting it accepts the loss of) lacks its keys in a later one
+-- it marked; or listed as marked, the list going with a deleted mark)
+-- lacks its keys in a later one
 -- too: it is told, to load the snapshot, and while none has met the need
 -- it marks the later record itself, whatever became of the mark (a dump
 -- saved before it). One fresh there over a kept stream whose set held that
@@ -131,6 +140,7 @@ end
 -- needed: the later record's frontier judges it.
 local function snapshot_needed(needed_key, record_key, manifest_key, known, fresh_in, lacked, holds, since)
   local marked = tonumber(redis.call('GET', needed_key))
+  if not marked then forget_marks(record_key) end
   if marked and marked ~= since and record_kept(record_key, marked)
     and not met(record_key, marked) then
     if covers(manifest_key, marked) then
@@ -143,7 +153,7 @@ local function snapshot_needed(needed_key, record_key, manifest_key, known, fres
   local lacks = 0
   if fresh_in ~= 0 and fresh_in ~= since and record_kept(record_key, fresh_in)
     and (marked == fresh_in or lacked == '1'
-      or (marked and redis.call('HEXISTS', record_key, 'n' .. fresh_in) == 1)) then
+      or redis.call('HEXISTS', record_key, 'n' .. fresh_in) == 1) then
     local frontier = redis.call('HGET', record_key, 'f' .. fresh_in)
     if holds == '0-0' or not frontier or position_before(holds, frontier) then
       lacks = 1
@@ -220,7 +230,7 @@ return {since, needed, aged, lacks}
 /// the newest entry trimmed from the stream, whether the snapshot in
 /// `KEYS[8]` holds what preceded the record, whether the member lacks
 /// the keys an earlier marked record needed, where what it reported stands
-/// ([`Frontier`]: 0, 1, 2), and whether the record is two leases old. Drops
+/// ([`Frontier`]: 0, 1, 2), and whether the record is a lease old. Drops
 /// lapsed members on the way.
 ///
 /// The lease counts as continuous only where the member's last renewal
@@ -271,7 +281,7 @@ if kept == 1 then
   if tonumber(ARGV[4]) ~= since then held = ARGV[12] else held = ARGV[11] end
 end
 local frontier, aged = 0, 0
-if now >= since + 2 * tonumber(ARGV[2]) then aged = 1 end
+if now >= since + tonumber(ARGV[2]) then aged = 1 end
 if held ~= '0-0' then
   local newest = redis.call('HGET', KEYS[6], 'f' .. since)
   if not newest or position_before(newest, held) then
@@ -392,8 +402,8 @@ pub(super) struct Renewal {
     /// stream (`MemberState::held_before`) stands against the record's
     /// frontier.
     pub(super) frontier: Frontier,
-    /// The record is two leases old: every member from before that renews
-    /// has reported what it held by then.
+    /// The record is a lease old: every member from before that renews has
+    /// reported what it held by then.
     pub(super) record_aged: bool,
 }
 

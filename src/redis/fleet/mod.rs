@@ -76,7 +76,7 @@
 //!   is the record's **frontier**, and one the stream no longer holds (a
 //!   restart from an older dump cut it) marks the record as well. A member
 //!   that counts as starting afresh there waits, fenced, until the record
-//!   is two leases old, by when every member from before that renews has
+//!   is a lease old, by when every member from before that renews has
 //!   reported; then, at the frontier, it vouches for what preceded the
 //!   record as a caught-up member does; behind it, it recovers from a
 //!   snapshot that holds what preceded the record; and where nothing
@@ -87,8 +87,9 @@
 //!   lease), and a renewal sent while caught up that waits out the outage
 //!   (it marks the record, and its member, fenced by then, counts as
 //!   fresh) no longer leaves the fleet without a member to vouch. A member
-//!   from before that does not renew within those two leases (stalled, or
-//!   gone for good) is not known: what it alone held is lost with it. A
+//!   from before that does not renew within that lease (stalled, slow to
+//!   reach Redis again, or gone for good) is not known: what it alone held
+//!   is lost with it. A
 //!   failover back to a master that never resynced keeps its run id, and
 //!   is not noticed.
 //! - **One configuration per fleet.** The first member records the settings
@@ -125,7 +126,8 @@
 //!   for longer than a lease): deleting `{name}:snapshot:needed` accepts
 //!   that those keys are lost, and the members take the new stream (a
 //!   restart within a lease of the deletion may have them mark the next
-//!   record: delete it again). A member cut off from Redis for all of one
+//!   record, and members reporting entries Redis cut mark it again until
+//!   it is a lease old: delete it again). A member cut off from Redis for all of one
 //!   record that still lacked the keys a loss before it needed can also
 //!   leave such a fleet fenced with a mark no member can meet, and so can a
 //!   member that reported the newest entry of a kept stream that Redis cut
@@ -1217,8 +1219,9 @@ impl FleetSync {
                 state.recovering = true;
             }
             // Made fresh by a record over a kept stream, which may have lost
-            // entries this member lacks and another holds: until every
-            // member from before has said what it held, it waits, fenced.
+            // entries this member lacks and another holds: until the record
+            // is a lease old (every member from before that renews has said
+            // what it held), it waits, fenced.
             let fresh_over_kept =
                 state.fresh_in == Some(renewal.fleet_since) && state.held_before.is_some();
             let waits = fresh_over_kept && !renewal.record_aged;
@@ -1870,6 +1873,50 @@ mod tests {
         });
         assert!(!from_before.state().recovering);
         assert!(!from_before.guard().is_fenced());
+    }
+
+    /// A member fenced when the record began anew over a kept stream holds
+    /// what it held then, and the stream may have lost entries past it that
+    /// another member holds: it waits, fenced, until the record is two
+    /// leases old. Then, at the frontier, it vouches for what preceded the
+    /// record; behind it, with the record marked, it recovers; unmarked, it
+    /// goes on, its position saying what it holds.
+    #[test]
+    fn a_member_made_fresh_over_a_kept_stream_waits_then_goes_by_the_frontier() {
+        let held: StreamPosition = "150-0".parse().unwrap();
+        for (frontier, marked, vouches, recovers) in [
+            (Frontier::At, true, true, false),
+            (Frontier::Behind, true, false, true),
+            (Frontier::Behind, false, false, false),
+        ] {
+            let member = member();
+            member.state().position = held;
+            member.renewed(renewal(&member, true, 1));
+            member.state().fence_at = Some(Instant::now()); // its lease lapsed
+            member.refresh_fence();
+            member.renewed(Renewal {
+                kept: true,
+                ..renewal(&member, false, 2)
+            });
+            assert_eq!(member.state().held_when_made_fresh(), Some(held));
+            let later = |aged| Renewal {
+                kept: true,
+                frontier,
+                snapshot_needed: marked,
+                record_aged: aged,
+                ..renewal(&member, true, 2)
+            };
+            member.renewed(later(false));
+            assert!(!member.state().recovering, "{frontier:?}: waits");
+            assert_eq!(member.state().fresh_in, Some(2));
+            assert!(member.guard().is_fenced());
+            member.renewed(later(true));
+            assert_eq!(member.state().fresh_in.is_none(), vouches, "{frontier:?}");
+            assert_eq!(member.state().recovering, recovers, "{frontier:?}");
+            if !marked {
+                assert_eq!(member.state().held_before, None);
+            }
+        }
     }
 
     #[test]

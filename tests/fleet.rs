@@ -64,8 +64,8 @@ async fn stall_until_fenced(proxy: &TcpProxy, member: &Member) {
 /// within the millisecond the record began in, as no real restart is:
 /// there the new record took the old one's name, and with it the old one's
 /// place (the mark test's rare timeout under load: a member's held renewal
-/// ran in that millisecond).
-fn as_after_a_failover(connection: &mut redis::Connection, fleet: &str) {
+/// ran in that millisecond). Returns when the record it ends began.
+fn as_after_a_failover(connection: &mut redis::Connection, fleet: &str) -> u64 {
     let since: u64 = redis::cmd("GET")
         .arg(format!("{{{fleet}}}:since"))
         .query(connection)
@@ -85,6 +85,15 @@ fn as_after_a_failover(connection: &mut redis::Connection, fleet: &str) {
         .arg("another")
         .query(connection)
         .unwrap();
+    since
+}
+
+/// The record `{fleet}:snapshot:needed` marks, if any.
+fn marked_record(connection: &mut redis::Connection, fleet: &str) -> Option<u64> {
+    redis::cmd("GET")
+        .arg(format!("{{{fleet}}}:snapshot:needed"))
+        .query(connection)
+        .unwrap()
 }
 
 /// Whether the fleet's snapshot holds the keys from before its record
@@ -137,6 +146,21 @@ async fn write_keys(member: &Member, prefix: &str) -> Vec<String> {
         member.fleet.insert_then_write(key, async {}).await.unwrap();
     }
     keys
+}
+
+/// Asserts that no member of `members` answers `Absent` for any of `keys`,
+/// which the fleet acknowledged.
+fn none_answers_absent(members: &[&Member], keys: &[String]) {
+    for member in members {
+        for key in keys {
+            assert_ne!(
+                member.guard().check(key),
+                Verdict::Absent,
+                "{key}, acknowledged, on {}",
+                member.fleet.member()
+            );
+        }
+    }
 }
 
 /// Appends `key` to the fleet's stream as a member's write does, without
@@ -757,11 +781,7 @@ async fn a_member_lapsed_across_a_loss_and_a_failover_recovers() {
         exists(&mut connection, "{twice}:snapshot:needed")
     })
     .await;
-    let since_after_the_loss: u64 = redis::cmd("GET")
-        .arg("{twice}:since")
-        .query(&mut connection)
-        .unwrap();
-    as_after_a_failover(&mut connection, "twice");
+    let since_after_the_loss = as_after_a_failover(&mut connection, "twice");
     wait_until("a record after the failover", || {
         redis::cmd("GET")
             .arg("{twice}:since")
@@ -1056,19 +1076,12 @@ async fn deleting_the_mark_lets_a_recovering_member_take_the_new_stream() {
     // A restart while `b` recovers begins another record, which keeps the
     // mark (and `b` marks no record twice: it marked it again at every look
     // for a snapshot, undoing the deletion below).
-    let since: u64 = redis::cmd("GET")
-        .arg("{accept}:since")
-        .query(&mut connection)
-        .unwrap();
-    as_after_a_failover(&mut connection, "accept");
+    let since = as_after_a_failover(&mut connection, "accept");
     // It timed out once under CI load (not reproduced since): the state
     // says where `b` was.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let marked: Option<u64> = redis::cmd("GET")
-            .arg("{accept}:snapshot:needed")
-            .query(&mut connection)
-            .unwrap();
+        let marked = marked_record(&mut connection, "accept");
         if marked.is_some_and(|marked| marked != since) {
             break;
         }
@@ -1094,16 +1107,9 @@ async fn deleting_the_mark_lets_a_recovering_member_take_the_new_stream() {
     // records that outlived the deletion had both recover for good, each
     // waiting for a snapshot that only a member holding that loss's keys
     // could publish.
-    let since: u64 = redis::cmd("GET")
-        .arg("{accept}:since")
-        .query(&mut connection)
-        .unwrap();
-    as_after_a_failover(&mut connection, "accept");
+    let since = as_after_a_failover(&mut connection, "accept");
     wait_until("`c` to mark the record the failover began", || {
-        let marked: Option<u64> = redis::cmd("GET")
-            .arg("{accept}:snapshot:needed")
-            .query(&mut connection)
-            .unwrap();
+        let marked = marked_record(&mut connection, "accept");
         marked.is_some_and(|marked| marked != since)
     })
     .await;
@@ -3125,8 +3131,9 @@ async fn a_member_recovering_when_redis_restarts_from_an_older_dump_waits_for_th
 /// a renewal `a` sent before it fenced ran only after the restart, it
 /// marked as caught up and both stayed fenced instead). Now each reports
 /// the newest entry it holds: `a`'s is gone from the stream, which marks
-/// the record; `a` holds the newest, vouches a lease into the record and
-/// publishes; `b`, behind it, recovers from that snapshot.
+/// the record; `a` holds the newest, vouches once members from before have
+/// had time to report, and publishes; `b`, behind it, recovers from that
+/// snapshot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_lapsed_before_a_long_outage_and_an_older_dump_keeps_what_the_dump_cut() {
     let BehindAProxy {
@@ -3149,16 +3156,7 @@ async fn a_member_lapsed_before_a_long_outage_and_an_older_dump_keeps_what_the_d
     // "maybe", whatever they hold.
     caught_up(&a).await;
     caught_up(&b).await;
-    for member in [&a, &b] {
-        for key in &after_dump {
-            assert_ne!(
-                member.guard().check(key),
-                Verdict::Absent,
-                "{key}, acknowledged after the dump, on {}",
-                member.fleet.member()
-            );
-        }
-    }
+    none_answers_absent(&[&a, &b], &after_dump);
 }
 
 /// Redis down for about a lease, then restarted from an older dump: the
@@ -3223,15 +3221,6 @@ async fn a_sourceless_fleet_through_a_long_outage_and_an_older_dump_recovers_wit
     caught_up(&b).await;
     let c = join(guard("c"), server.client(), "outage").await;
     caught_up(&c).await;
-    for member in [&a, &b, &c] {
-        for key in &after_dump {
-            assert_ne!(
-                member.guard().check(key),
-                Verdict::Absent,
-                "{key}, acknowledged after the dump, on {}",
-                member.fleet.member()
-            );
-        }
-    }
+    none_answers_absent(&[&a, &b, &c], &after_dump);
     drop((a, b, c, server));
 }

@@ -215,6 +215,9 @@ async fn within<T>(
         })
 }
 
+/// The longest a connection waits between attempts to reach Redis again.
+pub(crate) const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(500);
+
 impl Connection {
     fn new(client: Client, response_timeout: Duration) -> Self {
         Self {
@@ -245,7 +248,7 @@ impl Connection {
                     .set_response_timeout(Some(self.response_timeout))
                     .set_connection_timeout(Some(self.response_timeout))
                     .set_number_of_retries(2)
-                    .set_max_delay(Duration::from_millis(500));
+                    .set_max_delay(RECONNECT_MAX_DELAY);
                 let manager = manager
                     .get_or_try_init(|| client.get_connection_manager_with_config(config))
                     .await?;

@@ -116,10 +116,14 @@ local function mark(needed_key, record_key, record)
 end
 -- With the mark deleted (which accepts that what it needed is lost), the
 -- list goes too: a later mark must not revive the needs it accepted.
+-- (A need met stays listed: a member lacking it loads the snapshot.)
 local function forget_marks(record_key)
   if redis.call('HEXISTS', record_key, 'marks') == 0 then return end
   for _, field in ipairs(redis.call('HKEYS', record_key)) do
-    if string.sub(field, 1, 1) == 'n' then redis.call('HDEL', record_key, field) end
+    if string.sub(field, 1, 1) == 'n'
+      and redis.call('HEXISTS', record_key, 'm' .. string.sub(field, 2)) == 0 then
+      redis.call('HDEL', record_key, field)
+    end
   end
   redis.call('HDEL', record_key, 'marks')
 end
@@ -220,7 +224,8 @@ return {since, needed, aged, lacks}
 /// stream no longer holds (Redis cut its end) marks the record, whether or
 /// not a member was caught up (`ARGV[13]`: what it held when it became
 /// fresh in its record over a kept stream, `0-0`: it did not, for
-/// `snapshot_needed`). Returns
+/// `snapshot_needed`; `ARGV[14]`: how long members from before have to
+/// report, [`FleetSync::frontier_wait`]). Returns
 /// `{continuous, last, members, since, needed, kept, trimmed, covered, lacks, frontier, aged}`:
 /// whether the lease it held was still live in Redis, the stream's last
 /// entry id, how many members hold live leases now, when the fleet's record
@@ -230,7 +235,7 @@ return {since, needed, aged, lacks}
 /// the newest entry trimmed from the stream, whether the snapshot in
 /// `KEYS[8]` holds what preceded the record, whether the member lacks
 /// the keys an earlier marked record needed, where what it reported stands
-/// ([`Frontier`]: 0, 1, 2), and whether the record is a lease old. Drops
+/// ([`Frontier`]: 0, 1, 2), and whether the record is that old. Drops
 /// lapsed members on the way.
 ///
 /// The lease counts as continuous only where the member's last renewal
@@ -281,7 +286,7 @@ if kept == 1 then
   if tonumber(ARGV[4]) ~= since then held = ARGV[12] else held = ARGV[11] end
 end
 local frontier, aged = 0, 0
-if now >= since + tonumber(ARGV[2]) then aged = 1 end
+if now >= since + tonumber(ARGV[14]) then aged = 1 end
 if held ~= '0-0' then
   local newest = redis.call('HGET', KEYS[6], 'f' .. since)
   if not newest or position_before(newest, held) then
@@ -402,8 +407,9 @@ pub(super) struct Renewal {
     /// stream (`MemberState::held_before`) stands against the record's
     /// frontier.
     pub(super) frontier: Frontier,
-    /// The record is a lease old: every member from before that renews has
-    /// reported what it held by then.
+    /// The record is [`FleetSync::frontier_wait`] old: every member from
+    /// before that reached Redis again within a lease of it has reported
+    /// what it held by then.
     pub(super) record_aged: bool,
 }
 
@@ -424,6 +430,16 @@ pub(super) enum Frontier {
 }
 
 impl FleetSync {
+    /// How long members from before a record over a kept stream have to
+    /// report what they held before one at the frontier vouches, which is
+    /// for good: a member whose lease was live when Redis went down reaches
+    /// it again within its connection's timeout (a lease) and the delay
+    /// between attempts, renews within a quarter lease after, and its clock
+    /// may run an eighth of a lease apart from Redis's.
+    fn frontier_wait(&self) -> Duration {
+        2 * self.inner.settings.lease + crate::redis::RECONNECT_MAX_DELAY
+    }
+
     /// Renews this member's lease, publishing its position.
     pub(super) async fn renew(&self) -> Result<Renewal, FleetError> {
         let keys = &self.inner.keys;
@@ -489,7 +505,8 @@ impl FleetSync {
                     .arg(taken)
                     .arg(held_before)
                     .arg(holds)
-                    .arg(held_when_made_fresh),
+                    .arg(held_when_made_fresh)
+                    .arg(self.frontier_wait().as_millis() as u64),
             )
             .await;
         // A renewal that failed may have run in Redis and found the lease

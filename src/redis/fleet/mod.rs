@@ -76,8 +76,8 @@
 //!   is the record's **frontier**, and one the stream no longer holds (a
 //!   restart from an older dump cut it) marks the record as well. A member
 //!   that counts as starting afresh there waits, fenced, until the record
-//!   is a lease old, by when every member from before that renews has
-//!   reported; then, at the frontier, it vouches for what preceded the
+//!   is two leases and half a second old, by when every member from before
+//!   that reached Redis again within a lease of it has reported; then, at the frontier, it vouches for what preceded the
 //!   record as a caught-up member does; behind it, it recovers from a
 //!   snapshot that holds what preceded the record; and where nothing
 //!   marked the record, it goes on with the stream. So after a restart
@@ -87,9 +87,9 @@
 //!   lease), and a renewal sent while caught up that waits out the outage
 //!   (it marks the record, and its member, fenced by then, counts as
 //!   fresh) no longer leaves the fleet without a member to vouch. A member
-//!   from before that does not renew within that lease (stalled, slow to
-//!   reach Redis again, or gone for good) is not known: what it alone held
-//!   is lost with it. A
+//!   from before that does not renew by then (stalled, slow to reach Redis
+//!   again, or gone for good) is not known: what it alone held is lost
+//!   with it. A
 //!   failover back to a master that never resynced keeps its run id, and
 //!   is not noticed.
 //! - **One configuration per fleet.** The first member records the settings
@@ -126,8 +126,8 @@
 //!   for longer than a lease): deleting `{name}:snapshot:needed` accepts
 //!   that those keys are lost, and the members take the new stream (a
 //!   restart within a lease of the deletion may have them mark the next
-//!   record, and members reporting entries Redis cut mark it again until
-//!   it is a lease old: delete it again). A member cut off from Redis for all of one
+//!   record, and so may a member reporting an entry Redis cut, at its
+//!   first renewal in a record: delete it again). A member cut off from Redis for all of one
 //!   record that still lacked the keys a loss before it needed can also
 //!   leave such a fleet fenced with a mark no member can meet, and so can a
 //!   member that reported the newest entry of a kept stream that Redis cut
@@ -1219,9 +1219,9 @@ impl FleetSync {
                 state.recovering = true;
             }
             // Made fresh by a record over a kept stream, which may have lost
-            // entries this member lacks and another holds: until the record
-            // is a lease old (every member from before that renews has said
-            // what it held), it waits, fenced.
+            // entries this member lacks and another holds: until every
+            // member from before has had time to say what it held
+            // (`frontier_wait`), it waits, fenced.
             let fresh_over_kept =
                 state.fresh_in == Some(renewal.fleet_since) && state.held_before.is_some();
             let waits = fresh_over_kept && !renewal.record_aged;
@@ -1877,8 +1877,8 @@ mod tests {
 
     /// A member fenced when the record began anew over a kept stream holds
     /// what it held then, and the stream may have lost entries past it that
-    /// another member holds: it waits, fenced, until the record is two
-    /// leases old. Then, at the frontier, it vouches for what preceded the
+    /// another member holds: it waits, fenced, until members from before
+    /// have had time to report. Then, at the frontier, it vouches for what preceded the
     /// record; behind it, with the record marked, it recovers; unmarked, it
     /// goes on, its position saying what it holds.
     #[test]

@@ -3159,6 +3159,99 @@ async fn a_member_lapsed_before_a_long_outage_and_an_older_dump_keeps_what_the_d
     none_answers_absent(&[&a, &b], &after_dump);
 }
 
+/// Redis down for longer than a lease and restarted with nothing cut: both
+/// members, fenced then, wait to learn whether one holds the record's
+/// frontier. A write made meanwhile counted them as having applied it, and
+/// a second restart, from a dump saved before that write, cut it: each
+/// reported only what it held when the first record began (the stream past
+/// that may have had a hole), so nothing marked the second record, and `c`,
+/// joining then, answered `Absent` for a completed write (seen on 7816def).
+/// Writers no longer count a member while it waits: the write completes
+/// only after they have settled, or fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_while_the_members_wait_on_the_frontier_survives_a_second_restart() {
+    let mut server = RedisServer::start();
+    let a = join(guard("a"), server.client(), "settling").await;
+    let b = join(guard("b"), server.client(), "settling").await;
+    let mut connection = server.client().get_connection().unwrap();
+    let before: u64 = redis::cmd("GET")
+        .arg("{settling}:since")
+        .query(&mut connection)
+        .unwrap();
+    let () = redis::cmd("SAVE").query(&mut connection).unwrap();
+    server.kill();
+    wait_until("both to fence themselves", || {
+        a.guard().is_fenced() && b.guard().is_fenced()
+    })
+    .await;
+    tokio::time::sleep(LEASE * 5).await;
+    server.restart_from_dump();
+    let mut connection = server.client().get_connection().unwrap();
+    wait_until("the record to begin anew", || {
+        redis::cmd("GET")
+            .arg("{settling}:since")
+            .query::<u64>(&mut connection)
+            .unwrap()
+            != before
+    })
+    .await;
+    let began = tokio::time::Instant::now();
+    // The second restart's dump: the record, and the stream before the write.
+    let () = redis::cmd("SAVE").query(&mut connection).unwrap();
+    let ledger = Ledger::default();
+    let write = tokio::spawn({
+        let (ledger, via) = (ledger.clone(), a.fleet.clone());
+        async move { ledger.write(&via, "during-the-wait".to_owned()).await }
+    });
+    // Past the record's first lease (writers wait that out), within the
+    // members' wait (two leases and half a second).
+    tokio::time::sleep_until(began + LEASE * 2).await;
+    server.restart_from_dump();
+    let _ = write.await.unwrap();
+    let c = join(guard("c"), server.client(), "settling").await;
+    caught_up(&c).await;
+    caught_up(&a).await;
+    caught_up(&b).await;
+    none_answers_absent(&[&a, &b, &c], &ledger.completed());
+}
+
+/// A restart from an older dump cut what `a` alone holds, and `a` reaches
+/// Redis again only after a lease (cut off meanwhile), within the time
+/// members from before have to report. `c`, joining after the restart,
+/// waited a lease, replayed the cut stream and answered `Absent` for those
+/// keys until `a`'s report marked the record (seen on 7816def). A member
+/// fresh in a record over a kept stream now waits, fenced, until members
+/// from before have had time to report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joiner_waits_for_a_late_report_of_what_a_restart_cut() {
+    let mut server = RedisServer::start();
+    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let a = join(guard("a"), proxy.client(), "late").await;
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("SAVE").query(&mut connection).unwrap();
+    let after_dump = write_keys(&a, "after-dump").await;
+    proxy.stall();
+    server.restart_from_dump();
+    let mut connection = server.client().get_connection().unwrap();
+    let c = join(guard("c"), server.client(), "late").await;
+    // The record began with `c`'s join, a lease before it returned.
+    let began = tokio::time::Instant::now() - LEASE;
+    let report_at = began + LEASE * 13 / 10;
+    while tokio::time::Instant::now() < report_at {
+        none_answers_absent(&[&c], &after_dump);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    proxy.resume();
+    wait_until("`a` to report what the restart cut", || {
+        exists(&mut connection, "{late}:snapshot:needed")
+    })
+    .await;
+    none_answers_absent(&[&c], &after_dump);
+    caught_up(&c).await;
+    caught_up(&a).await;
+    none_answers_absent(&[&a, &c], &after_dump);
+}
+
 /// Redis down for about a lease, then restarted from an older dump: the
 /// member's renewal made while it was still caught up (before it fenced
 /// itself) waits out the outage and runs after the restart, marking the new

@@ -78,6 +78,7 @@ local function record_since(since_key, record_key)
   local now = now_ms()
   local since = tonumber(redis.call('GET', since_key))
   if not since or since > now or redis.call('HGET', record_key, 'run') ~= run then
+    local over_kept = since ~= nil
     if not since then
       redis.call('DEL', record_key)
     elseif redis.call('HEXISTS', record_key, 'r' .. since) == 0 then
@@ -87,6 +88,9 @@ local function record_since(since_key, record_key)
     since = now
     redis.call('SET', since_key, since)
     redis.call('HSET', record_key, 'run', run, 'r' .. since, 1)
+    -- Begun over the stream Redis kept (`k{since}`), which may have lost
+    -- its end: members from before say what they held (the frontier).
+    if over_kept then redis.call('HSET', record_key, 'k' .. since, 1) end
   end
   return since
 end
@@ -226,7 +230,7 @@ return {since, needed, aged, lacks}
 /// fresh in its record over a kept stream, `0-0`: it did not, for
 /// `snapshot_needed`; `ARGV[14]`: how long members from before have to
 /// report, [`FleetSync::frontier_wait`]). Returns
-/// `{continuous, last, members, since, needed, kept, trimmed, covered, lacks, frontier, aged}`:
+/// `{continuous, last, members, since, needed, kept, trimmed, covered, lacks, frontier, settled}`:
 /// whether the lease it held was still live in Redis, the stream's last
 /// entry id, how many members hold live leases now, when the fleet's record
 /// began (which changes when Redis lost the fleet's data or restarted),
@@ -235,7 +239,8 @@ return {since, needed, aged, lacks}
 /// the newest entry trimmed from the stream, whether the snapshot in
 /// `KEYS[8]` holds what preceded the record, whether the member lacks
 /// the keys an earlier marked record needed, where what it reported stands
-/// ([`Frontier`]: 0, 1, 2), and whether the record is that old. Drops
+/// ([`Frontier`]: 0, 1, 2), and whether the record's frontier is settled
+/// (the record began on a new stream, or is `ARGV[14]` old). Drops
 /// lapsed members on the way.
 ///
 /// The lease counts as continuous only where the member's last renewal
@@ -287,6 +292,10 @@ if kept == 1 then
 end
 local frontier, aged = 0, 0
 if now >= since + tonumber(ARGV[14]) then aged = 1 end
+-- Every member from before has had time to say what it held, or the
+-- record began on a new stream, of which none held anything.
+local settled = aged
+if redis.call('HEXISTS', KEYS[6], 'k' .. since) == 0 then settled = 1 end
 if held ~= '0-0' then
   local newest = redis.call('HGET', KEYS[6], 'f' .. since)
   if not newest or position_before(newest, held) then
@@ -309,7 +318,7 @@ local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
 if newest[1] then last = newest[1][1] end
 local covered = 0
 if covers(KEYS[8], since) then covered = 1 end
-return {continuous, last, redis.call('ZCARD', KEYS[1]), since, needed, kept, trimmed, covered, lacks, frontier, aged}
+return {continuous, last, redis.call('ZCARD', KEYS[1]), since, needed, kept, trimmed, covered, lacks, frontier, settled}
 ",
         ]
         .concat(),
@@ -407,10 +416,11 @@ pub(super) struct Renewal {
     /// stream (`MemberState::held_before`) stands against the record's
     /// frontier.
     pub(super) frontier: Frontier,
-    /// The record is [`FleetSync::frontier_wait`] old: every member from
-    /// before that reached Redis again within a lease of it has reported
-    /// what it held by then.
-    pub(super) record_aged: bool,
+    /// Every member from before the record that reached Redis again within
+    /// a lease of it has reported what it held: the record is
+    /// [`FleetSync::frontier_wait`] old, or it began on a new stream, of
+    /// which no member held anything.
+    pub(super) frontier_settled: bool,
 }
 
 /// Where a member's set stands against the record's frontier: the newest
@@ -447,7 +457,7 @@ impl FleetSync {
             let mut state = self.state();
             state.renewals_sent += 1;
             (
-                state.position,
+                state.applied_for_writers(),
                 state.lease_epoch,
                 state.fleet_since,
                 state.leased_in,
@@ -523,7 +533,7 @@ impl FleetSync {
             covers,
             lacks,
             frontier,
-            aged,
+            settled,
         ) = reply.inspect_err(|_| {
             self.state().lease_in_doubt = true;
         })?;
@@ -545,7 +555,7 @@ impl FleetSync {
                 1 => Frontier::Behind,
                 _ => Frontier::NotReported,
             },
-            record_aged: aged == 1,
+            frontier_settled: settled == 1,
         })
     }
 
@@ -577,7 +587,7 @@ impl FleetSync {
             .key(&keys.snapshot_needed)
             .key(&keys.manifest)
             .arg(known.unwrap_or(0))
-            .arg(self.inner.settings.lease.as_millis() as u64)
+            .arg(self.frontier_wait().as_millis() as u64)
             .arg(fresh_in.unwrap_or(0))
             .arg(u8::from(lacked))
             .invoke_async(&mut connection)

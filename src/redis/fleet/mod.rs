@@ -74,13 +74,18 @@
 //!   every member from before also reports the newest entry its set held
 //!   (with every one before it) when the record began: the newest of these
 //!   is the record's **frontier**, and one the stream no longer holds (a
-//!   restart from an older dump cut it) marks the record as well. A member
-//!   that counts as starting afresh there waits, fenced, until the record
-//!   is two leases and half a second old, by when every member from before
-//!   that reached Redis again within a lease of it has reported; then, at the frontier, it vouches for what preceded the
-//!   record as a caught-up member does; behind it, it recovers from a
-//!   snapshot that holds what preceded the record; and where nothing
-//!   marked the record, it goes on with the stream. So after a restart
+//!   restart from an older dump cut it) marks the record as well. Every
+//!   member that counts as starting afresh there (made fresh by the change,
+//!   or joining or recovering since) waits, fenced, until the record is two
+//!   leases and half a second old, by when every member from before that
+//!   reached Redis again within a lease of it has reported. Then one made
+//!   fresh by the change vouches for what preceded the record if it holds
+//!   the frontier, as a caught-up member does; the others recover from a
+//!   snapshot that holds what preceded the record where it is marked, and
+//!   go on with the stream where it is not. Writers do not count a member
+//!   made fresh by the change as having applied anything until then (what
+//!   it applies meanwhile it would not report at a second restart), so a
+//!   write in those seconds waits for them. So after a restart
 //!   from an older dump, what a lapsed member or a joiner lacks comes from
 //!   the snapshot of a member that was caught up or holds the frontier,
 //!   also when no member was caught up (Redis down for longer than a
@@ -493,6 +498,19 @@ impl MemberState {
     fn held_when_made_fresh(&self) -> Option<StreamPosition> {
         self.held_before
             .filter(|_| self.fresh_in.is_some() && self.fresh_in == self.fleet_since)
+    }
+
+    /// The position writers count this member as having applied: none while
+    /// it waits to learn whether it holds the frontier of a record over a
+    /// kept stream. It holds what it applies since, but reports what it
+    /// held when made fresh: a write acknowledged on its position then, and
+    /// cut by a second restart, would be reported by no member.
+    fn applied_for_writers(&self) -> StreamPosition {
+        if self.held_when_made_fresh().is_some() {
+            StreamPosition::START
+        } else {
+            self.position
+        }
     }
 
     /// The newest entry of its record's stream that this member's set holds
@@ -1218,14 +1236,22 @@ impl FleetSync {
                 // the stream from its start.)
                 state.recovering = true;
             }
-            // Made fresh by a record over a kept stream, which may have lost
+            // Fresh in a record over a kept stream, which may have lost
             // entries this member lacks and another holds: until every
             // member from before has had time to say what it held
-            // (`frontier_wait`), it waits, fenced.
-            let fresh_over_kept =
-                state.fresh_in == Some(renewal.fleet_since) && state.held_before.is_some();
-            let waits = fresh_over_kept && !renewal.record_aged;
-            if fresh_over_kept && renewal.record_aged {
+            // (`frontier_wait`), a late report may still mark the record,
+            // and it waits, fenced.
+            let fresh_here = state.fresh_in == Some(renewal.fleet_since);
+            let waits = fresh_here && !renewal.frontier_settled;
+            if waits {
+                state
+                    .fresh_until_renewed_after
+                    .get_or_insert(renewal.sent_at);
+            }
+            let fresh_over_kept = fresh_here && state.held_before.is_some();
+            if fresh_over_kept && renewal.frontier_settled {
+                // Its applied position counts for writers from now on.
+                self.inner.renewal_wanted.notify_one();
                 if renewal.frontier == Frontier::At {
                     // It holds the newest entry any member from before held,
                     // and every one before it: what preceded the record, as
@@ -1730,7 +1756,7 @@ mod tests {
             trimmed: StreamPosition::START,
             lacks_what_preceded: false,
             frontier: Frontier::NotReported,
-            record_aged: false,
+            frontier_settled: true,
         }
     }
 
@@ -1896,14 +1922,16 @@ mod tests {
             member.refresh_fence();
             member.renewed(Renewal {
                 kept: true,
+                frontier_settled: false,
                 ..renewal(&member, false, 2)
             });
             assert_eq!(member.state().held_when_made_fresh(), Some(held));
+            assert_eq!(member.state().applied_for_writers(), StreamPosition::START);
             let later = |aged| Renewal {
                 kept: true,
                 frontier,
                 snapshot_needed: marked,
-                record_aged: aged,
+                frontier_settled: aged,
                 ..renewal(&member, true, 2)
             };
             member.renewed(later(false));

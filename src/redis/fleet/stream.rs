@@ -424,6 +424,11 @@ impl FleetSync {
     /// it; not into a Redis whose fleet record is another than the one the
     /// position was read under (`fleet_since`): there it says nothing.
     async fn announce_applied(&self, position: StreamPosition, fleet_since: Option<u64>) {
+        if self.state().held_when_made_fresh().is_some() {
+            // Waiting to learn whether it holds its record's frontier: not
+            // counted by writers until then (see `applied_for_writers`).
+            return;
+        }
         let keys = &self.inner.keys;
         let announced: Result<(), FleetError> = async {
             let mut connection = self.inner.connection.get().await?;

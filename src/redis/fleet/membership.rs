@@ -606,7 +606,7 @@ impl FleetSync {
             // it held.
             state.held_before = None;
             if lacks == 0 {
-                state.fresh_in = Some(since);
+                state.starts_fresh_in(Some(since));
                 // As after a renewal that found the record new: a snapshot
                 // adopted now may lack what a member from before holds
                 // alone, and the mark saying so comes with that member's

@@ -22,7 +22,9 @@
 //!   until every member holding a live lease has applied it (members publish
 //!   the last entry they applied; a notice wakes the writers), or until the
 //!   lease of each one that has not has run out. Then it writes the store.
-//!   Normal cost: one apply latency; worst case: one lease.
+//!   Normal cost: one apply latency; worst case: one lease, or about two
+//!   and a half after a restart or failover that members lived through
+//!   fenced (they settle first: below).
 //! - **Leases and fencing.** Each member renews a lease in Redis every
 //!   quarter lease, timed on its own clock from before the renewal, and fences
 //!   itself when it runs out (the clock assumption is spelled out in
@@ -513,6 +515,17 @@ impl MemberState {
         }
     }
 
+    /// Fresh in `record` from its stream's start (joined there, or adopted a
+    /// snapshot of a member that was): where that stream was kept and its
+    /// frontier is not settled yet, its position may run past a hole that
+    /// other members' reports have still to show, so it reports nothing,
+    /// and writers do not count it, until the frontier settles (its first
+    /// renewal clears this where the record began on a new stream).
+    fn starts_fresh_in(&mut self, record: Option<u64>) {
+        self.fresh_in = record;
+        self.held_before = record.map(|_| StreamPosition::START);
+    }
+
     /// The newest entry of its record's stream that this member's set holds
     /// with every one before it.
     fn holds_up_to(&self) -> StreamPosition {
@@ -576,7 +589,7 @@ pub struct FleetSyncBuilder {
     redis: FleetRedis,
     name: String,
     settings: Settings,
-    /// The acknowledgement timeout given; 3 leases unless told.
+    /// The acknowledgement timeout given; 3 leases and half a second unless told.
     ack_timeout: Option<Duration>,
 }
 
@@ -592,9 +605,13 @@ impl FleetSyncBuilder {
     }
 
     /// How long a writer waits for members that keep their leases but do not
-    /// apply its insert (3 leases unless told) before it gives up, and the
-    /// write is not made. At least 100 ms (a member applies an insert a
-    /// Redis round trip after its append, at best), at most [`MAX_DURATION`].
+    /// apply its insert (3 leases and half a second unless told) before it
+    /// gives up, and the write is not made. At least 100 ms (a member
+    /// applies an insert a Redis round trip after its append, at best), at
+    /// most [`MAX_DURATION`]. After a Redis restart or failover that members
+    /// lived through fenced, writes wait up to about two and a half leases
+    /// and half a second for them to settle (see the module docs): a shorter
+    /// timeout fails those writes.
     pub fn ack_timeout(mut self, timeout: Duration) -> Self {
         self.ack_timeout = Some(timeout.clamp(SHORTEST_PERIOD, MAX_DURATION));
         self
@@ -659,9 +676,9 @@ impl FleetSyncBuilder {
     /// caught it up, it cannot show that it holds what the fleet's writers
     /// were told it does, so it answers `MaybePresent`.
     pub fn build(mut self) -> FleetSync {
-        self.settings.ack_timeout = self
-            .ack_timeout
-            .unwrap_or_else(|| (3 * self.settings.lease).min(MAX_DURATION));
+        self.settings.ack_timeout = self.ack_timeout.unwrap_or_else(|| {
+            (3 * self.settings.lease + crate::redis::RECONNECT_MAX_DELAY).min(MAX_DURATION)
+        });
         let fenced = !self.guard.in_fleet();
         if fenced {
             self.guard.set_fenced(true);
@@ -1056,7 +1073,7 @@ impl FleetSync {
             None => {
                 // Nothing from before this record: if Redis lost its data,
                 // the renewal below says so, and this member recovers.
-                self.state().fresh_in = Some(fleet_since);
+                self.state().starts_fresh_in(Some(fleet_since));
                 StreamPosition::START
             }
         };
@@ -1247,6 +1264,8 @@ impl FleetSync {
                 state
                     .fresh_until_renewed_after
                     .get_or_insert(renewal.sent_at);
+                // Whatever made it fresh: its position says nothing yet.
+                state.held_before.get_or_insert(StreamPosition::START);
             }
             let fresh_over_kept = fresh_here && state.held_before.is_some();
             if fresh_over_kept && renewal.frontier_settled {
@@ -1705,8 +1724,8 @@ mod tests {
         }
     }
 
-    /// The acknowledgement timeout is 3 leases unless told, whichever
-    /// lease is set, and in whichever order.
+    /// The acknowledgement timeout is 3 leases and the longest reconnect
+    /// delay unless told, whichever lease is set, and in whichever order.
     #[test]
     fn the_ack_timeout_follows_the_lease_unless_told() {
         let built = |configure: fn(FleetSyncBuilder) -> FleetSyncBuilder| {
@@ -1715,10 +1734,11 @@ mod tests {
             let member = configure(FleetSync::builder(guard, client, "t")).build();
             member.inner.settings.ack_timeout
         };
-        assert_eq!(built(|b| b), 3 * FleetSync::DEFAULT_LEASE);
+        let reconnect = crate::redis::RECONNECT_MAX_DELAY;
+        assert_eq!(built(|b| b), 3 * FleetSync::DEFAULT_LEASE + reconnect);
         assert_eq!(
             built(|b| b.lease(Duration::from_secs(30))),
-            Duration::from_secs(90)
+            Duration::from_secs(90) + reconnect
         );
         assert_eq!(
             built(|b| b

@@ -494,8 +494,7 @@ impl FleetSync {
             .map_err(FleetError::Incompatible)?;
         state.fenced = true;
         state.replacements += 1;
-        state.fresh_in = fresh_in;
-        state.held_before = None;
+        state.starts_fresh_in(fresh_in);
         // Read with a plain `GET`: the next renewal says whether the record
         // it belongs to still stands.
         state.record_confirmed = false;

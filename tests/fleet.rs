@@ -3294,6 +3294,52 @@ async fn a_joiner_fenced_by_a_second_restart_does_not_vouch_past_a_hole() {
     none_answers_absent(&[&a, &c], &after_dump);
 }
 
+/// As above, but a second restart comes from a dump saved after the first
+/// record began and before `a` reported into it: the record, without its
+/// frontier or its mark. `a`, which saw the mark, took itself for lacking
+/// what the first record needed, since no frontier said it held it, and
+/// recovered with every other member: nobody could vouch, and a fleet
+/// without a source stayed fenced (seen on 903fbc4). The second record's
+/// frontier, which `a` reports into again, judges it instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_restart_from_before_the_reports_leaves_the_holder_able_to_vouch() {
+    let (mut server, proxy, a, after_dump) = restarted_without_what_a_holds("reports").await;
+    let mut connection = server.client().get_connection().unwrap();
+    let before: u64 = redis::cmd("GET")
+        .arg("{reports}:since")
+        .query(&mut connection)
+        .unwrap();
+    // A joiner begins the record; the restart below may cut its join short.
+    let joining = FleetSync::builder(guard("j"), server.client(), "reports")
+        .lease(LEASE)
+        .build();
+    let joiner = tokio::spawn(async move { joining.join().await });
+    wait_until("the record to begin anew", || {
+        redis::cmd("GET")
+            .arg("{reports}:since")
+            .query::<u64>(&mut connection)
+            .unwrap()
+            != before
+    })
+    .await;
+    let () = redis::cmd("SAVE").query(&mut connection).unwrap();
+    // Fenced when it learns of the record: made fresh in it.
+    wait_until("`a` to fence itself", || a.guard().is_fenced()).await;
+    proxy.resume();
+    wait_until("`a` to report what the restart cut", || {
+        exists(&mut connection, "{reports}:snapshot:needed")
+    })
+    .await;
+    // `a` takes in the reply that says so.
+    tokio::time::sleep(LEASE / 2).await;
+    server.restart_from_dump();
+    joiner.abort();
+    let c = join(guard("c"), server.client(), "reports").await;
+    caught_up(&a).await;
+    caught_up(&c).await;
+    none_answers_absent(&[&a, &c], &after_dump);
+}
+
 /// Redis down for about a lease, then restarted from an older dump: the
 /// member's renewal made while it was still caught up (before it fenced
 /// itself) waits out the outage and runs after the restart, marking the new

@@ -162,8 +162,10 @@ local function snapshot_needed(needed_key, record_key, manifest_key, known, fres
   if fresh_in ~= 0 and fresh_in ~= since and record_kept(record_key, fresh_in)
     and (marked == fresh_in or lacked == '1'
       or redis.call('HEXISTS', record_key, 'n' .. fresh_in) == 1) then
+    -- (Without that frontier, a dump saved before its reports, members
+    -- from before report into this record's again.)
     local frontier = redis.call('HGET', record_key, 'f' .. fresh_in)
-    if holds == '0-0' or not frontier or position_before(holds, frontier) then
+    if holds == '0-0' or (frontier and position_before(holds, frontier)) then
       lacks = 1
     end
     if not met(record_key, fresh_in) and not covers(manifest_key, fresh_in) then

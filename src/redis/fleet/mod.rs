@@ -130,7 +130,8 @@
 //!   keeps one at hand. The same holds after Redis lost its data when no
 //!   member from before can vouch for the keys acknowledged before (none
 //!   is left, or each was fenced when it happened, as when Redis was down
-//!   for longer than a lease): deleting `{name}:snapshot:needed` accepts
+//!   for longer than a lease, or still waiting for the frontier of a record
+//!   that a restart began seconds before): deleting `{name}:snapshot:needed` accepts
 //!   that those keys are lost, and the members take the new stream (a
 //!   restart within a lease of the deletion may have them mark the next
 //!   record, and so may a member reporting an entry Redis cut, at its

@@ -67,9 +67,9 @@
 //!   restart, a failover) carries the mark on until a snapshot has met the
 //!   need, which then ends; a member still without those keys loads that
 //!   snapshot, and while none has met the need it marks the later record
-//!   itself (a dump saved before the mark was). A member from before that does not renew
-//!   within the new record's first lease (stalled) is not known to the
-//!   ones that join meanwhile. A member that was fenced when the record
+//!   itself (a dump saved before the mark was). A member from before that
+//!   does not renew within the new record's first lease (stalled) is not
+//!   known to the ones that join meanwhile. A member that was fenced when the record
 //!   began anew counts as starting afresh, and stays fenced until a
 //!   renewal a lease later says whether the record is marked; over a kept
 //!   stream only members that were caught up mark it. Over a kept stream,
@@ -85,20 +85,18 @@
 //!   the frontier, as a caught-up member does; the others recover from a
 //!   snapshot that holds what preceded the record where it is marked, and
 //!   go on with the stream where it is not. Writers do not count a member
-//!   made fresh by the change as having applied anything until then (what
-//!   it applies meanwhile it would not report at a second restart), so a
-//!   write in those seconds waits for them. So after a restart
-//!   from an older dump, what a lapsed member or a joiner lacks comes from
-//!   the snapshot of a member that was caught up or holds the frontier,
-//!   also when no member was caught up (Redis down for longer than a
-//!   lease), and a renewal sent while caught up that waits out the outage
-//!   (it marks the record, and its member, fenced by then, counts as
-//!   fresh) no longer leaves the fleet without a member to vouch. A member
-//!   from before that does not renew by then (stalled, slow to reach Redis
-//!   again, or gone for good) is not known: what it alone held is lost
-//!   with it. A
-//!   failover back to a master that never resynced keeps its run id, and
-//!   is not noticed.
+//!   fresh there as having applied anything until then (what it applies
+//!   meanwhile it would not report at a second restart), so a write in
+//!   those seconds waits for it. So after a restart from an older dump,
+//!   what a lapsed member or a joiner lacks comes from the snapshot of a
+//!   member that was caught up or holds the frontier, also when no member
+//!   was caught up (Redis down for longer than a lease), and a renewal
+//!   sent while caught up that waits out the outage (it marks the record,
+//!   and its member, fenced by then, counts as fresh) no longer leaves the
+//!   fleet without a member to vouch. A member from before that does not
+//!   renew by then (stalled, slow to reach Redis again, or gone for good)
+//!   is not known: what it alone held is lost with it. A failover back to
+//!   a master that never resynced keeps its run id, and is not noticed.
 //! - **One configuration per fleet.** The first member records the settings
 //!   that must agree (seed, size, rate, lifecycle, write settle, lease, and
 //!   the version of what members write for each other) under

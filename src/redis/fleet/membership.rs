@@ -138,14 +138,13 @@ end
 -- A marked record's need goes on in a later one that keeps its stream
 -- until a snapshot has met it; then it ends (a met need carried on sent
 -- members fenced across a restart, fresh in it, to recover for good).
--- A member fresh in a marked record (`fresh_in`; `lacked` = '1': it saw
--- it marked; or listed as marked, the list going with a deleted mark)
--- lacks its keys in a later one
--- too: it is told, to load the snapshot, and while none has met the need
--- it marks the later record itself, whatever became of the mark (a dump
--- saved before it). One fresh there over a kept stream whose set held that
--- record's frontier (`holds`, '0-0': nothing) lacks nothing the record
--- needed: the later record's frontier judges it.
+-- A member fresh in a marked record (`fresh_in`; `lacked` = '1': it saw it
+-- marked; or listed as marked, the list going with a deleted mark) lacks its
+-- keys in a later one too: it is told, to load the snapshot, and while none
+-- has met the need it marks the later record itself, whatever became of the
+-- mark (a dump saved before it). One fresh there over a kept stream whose set
+-- held that record's frontier (`holds`, '0-0': nothing) lacks nothing the
+-- record needed: the later record's frontier judges it.
 local function snapshot_needed(needed_key, record_key, manifest_key, known, fresh_in, lacked, holds, since)
   local marked = tonumber(redis.call('GET', needed_key))
   if not marked then forget_marks(record_key) end
@@ -436,7 +435,7 @@ pub(super) enum Frontier {
     /// Behind another member: it lacks what that one holds, if the
     /// stream lost it.
     Behind,
-    /// At the frontier: once the record is aged, it vouches for what
+    /// At the frontier: once it is settled, it vouches for what
     /// preceded the record, as a member caught up through it does.
     At,
 }

@@ -67,12 +67,12 @@
 //!   restart, a failover) carries the mark on until a snapshot has met the
 //!   need, which then ends; a member still without those keys loads that
 //!   snapshot, and while none has met the need it marks the later record
-//!   itself (a dump saved before the mark was). A member from before that
-//!   does not renew within the new record's first lease (stalled) is not
-//!   known to the ones that join meanwhile. A member that was fenced when the record
-//!   began anew counts as starting afresh, and stays fenced until a
-//!   renewal a lease later says whether the record is marked; over a kept
-//!   stream only members that were caught up mark it. Over a kept stream,
+//!   itself (a dump saved before the mark was). A member from before that does
+//!   not renew within the new record's first lease (stalled) is not known to
+//!   the ones that join meanwhile. A member that was fenced when the record
+//!   began anew counts as starting afresh, and stays fenced until a renewal a
+//!   lease later says whether the record is marked; over a kept stream only
+//!   members that were caught up mark it. Over a kept stream,
 //!   every member from before also reports the newest entry its set held
 //!   (with every one before it) when the record began: the newest of these
 //!   is the record's **frontier**, and one the stream no longer holds (a
@@ -126,19 +126,19 @@
 //!   all stay fenced (answering `MaybePresent`) until one is restarted with
 //!   a snapshot to load. [`snapshot_every`](FleetSyncBuilder::snapshot_every)
 //!   keeps one at hand. The same holds after Redis lost its data when no
-//!   member from before can vouch for the keys acknowledged before (none
-//!   is left, or each was fenced when it happened, as when Redis was down
-//!   for longer than a lease, or still waiting for the frontier of a record
-//!   that a restart began seconds before): deleting `{name}:snapshot:needed` accepts
-//!   that those keys are lost, and the members take the new stream (a
-//!   restart within a lease of the deletion may have them mark the next
-//!   record, and so may a member reporting an entry Redis cut, at its
-//!   first renewal in a record: delete it again). A member cut off from Redis for all of one
-//!   record that still lacked the keys a loss before it needed can also
-//!   leave such a fleet fenced with a mark no member can meet, and so can a
-//!   member that reported the newest entry of a kept stream that Redis cut
-//!   and did not come back to vouch for it. Members with a source rebuild;
-//!   without one, deleting the mark ends it, as above. A restart from a
+//!   member from before can vouch for the keys acknowledged before (none is
+//!   left, or each was fenced when it happened, as when Redis was down for
+//!   longer than a lease, or still waiting for the frontier of a record that a
+//!   restart began seconds before): deleting `{name}:snapshot:needed` accepts
+//!   that those keys are lost, and the members take the new stream (a restart
+//!   within a lease of the deletion may have them mark the next record, and so
+//!   may a member reporting an entry Redis cut, at its first renewal in a
+//!   record: delete it again). A member cut off from Redis for all of one
+//!   record that still lacked the keys a loss before it needed can also leave
+//!   such a fleet fenced with a mark no member can meet, and so can a member
+//!   that reported the newest entry of a kept stream that Redis cut and did
+//!   not come back to vouch for it. Members with a source rebuild; without
+//!   one, deleting the mark ends it, as above. A restart from a
 //!   dump saved before the record it ends began (a failover, a restart or
 //!   a clock step began that record, and Redis saved nothing since) is
 //!   taken for a new stream: every member replays the restored one from
@@ -164,9 +164,10 @@
 //! out of service before suspending its host.
 //! Redis times leases on its wall clock: a step back begins the record
 //! anew (above), but a step forward by more than an eighth of a lease can
-//! lapse live leases in Redis's eyes, and writers then count out members
-//! that still answer, until their next renewal (a quarter lease). Keep Redis's host on a clock that slews rather than
-//! steps (chrony and ntpd step only at boot by default).
+//! lapse live leases in Redis's eyes, and writers then count out members that
+//! still answer, until their next renewal (a quarter lease). Keep Redis's host
+//! on a clock that slews rather than steps (chrony and ntpd step only at boot
+//! by default).
 //!
 //! **The seed travels in the clear.** Snapshots in Redis carry the fleet's
 //! seed in their header, and whoever knows the seed can craft keys that
@@ -482,8 +483,7 @@ impl MemberState {
     /// What a renewal tells Redis of the keys from before a record this
     /// member may lack.
     fn lack(&self) -> Lack {
-        let lacked =
-            self.snapshot_needed && self.fresh_in.is_some() && self.fresh_in == self.fleet_since;
+        let lacked = self.snapshot_needed && self.fresh_in_its_record();
         Lack {
             fresh_in: self.fresh_in,
             lacked,
@@ -497,8 +497,13 @@ impl MemberState {
     /// kept stream: past it, the stream may lack entries that other members
     /// hold, whatever its position says.
     fn held_when_made_fresh(&self) -> Option<StreamPosition> {
-        self.held_before
-            .filter(|_| self.fresh_in.is_some() && self.fresh_in == self.fleet_since)
+        self.held_before.filter(|_| self.fresh_in_its_record())
+    }
+
+    /// Whether this member is fresh in the record it renewed in last (see
+    /// `fresh_in`): its set holds nothing certain from before that record.
+    fn fresh_in_its_record(&self) -> bool {
+        self.fresh_in.is_some() && self.fresh_in == self.fleet_since
     }
 
     /// The position writers count this member as having applied: none while
@@ -1257,7 +1262,7 @@ impl FleetSync {
             // member from before has had time to say what it held
             // (`frontier_wait`), a late report may still mark the record,
             // and it waits, fenced.
-            let fresh_here = state.fresh_in == Some(renewal.fleet_since);
+            let fresh_here = state.fresh_in_its_record();
             let waits = fresh_here && !renewal.frontier_settled;
             if waits {
                 state
@@ -1294,9 +1299,7 @@ impl FleetSync {
             }
             state.snapshot_needed = renewal.snapshot_needed;
             let lacks_what_is_needed = renewal.lacks_what_preceded
-                || (renewal.snapshot_needed
-                    && state.fresh_in == Some(renewal.fleet_since)
-                    && !waits);
+                || (renewal.snapshot_needed && state.fresh_in_its_record() && !waits);
             if lacks_what_is_needed {
                 // Started at the new stream's start: the keys from before
                 // the loss are in other members' sets only.
@@ -1440,15 +1443,15 @@ impl FleetWrite {
     ///
     /// # Errors
     /// The second append or its acknowledgement failed. A failed append is
-    /// tried again in the background, as at a drop, until Redis takes it
-    /// (one task per member for every such write, each key once, backing
-    /// off to a lease between tries) or no `FleetSync` of the member is
-    /// left, having left the fleet or not; until then a member whose
-    /// rebuild read its source before the write landed lacks the key, and so does every member that replaces its set with
-    /// that rebuild, a member whose confirmed-absent cache asked the store
-    /// before the write landed may answer absent for it, and on a rotating
-    /// guard a member that did not apply it counts the key's window from
-    /// the first append.
+    /// tried again in the background, as at a drop, until Redis takes it (one
+    /// task per member for every such write, each key once, backing off to a
+    /// lease between tries) or no `FleetSync` of the member is left, having
+    /// left the fleet or not; until then a member whose rebuild read its
+    /// source before the write landed lacks the key, and so does every member
+    /// that replaces its set with that rebuild, a member whose
+    /// confirmed-absent cache asked the store before the write landed may
+    /// answer absent for it, and on a rotating guard a member that did not
+    /// apply it counts the key's window from the first append.
     pub async fn finish(mut self) -> Result<(), FleetError> {
         if self.landed_late() {
             let appended = self.fleet.append(&self.keys, true).await?;

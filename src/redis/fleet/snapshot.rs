@@ -272,7 +272,7 @@ impl FleetSync {
                 state.replacements,
                 state.stream_resets,
                 state.fleet_since,
-                state.fresh_in.is_some() && state.fresh_in == state.fleet_since,
+                state.fresh_in_its_record(),
             ))
         };
         // The position first: the set holds at least every entry up to it.

@@ -66,10 +66,7 @@ async fn stall_until_fenced(proxy: &TcpProxy, member: &Member) {
 /// place (the mark test's rare timeout under load: a member's held renewal
 /// ran in that millisecond). Returns when the record it ends began.
 fn as_after_a_failover(connection: &mut redis::Connection, fleet: &str) -> u64 {
-    let since: u64 = redis::cmd("GET")
-        .arg(format!("{{{fleet}}}:since"))
-        .query(connection)
-        .unwrap();
+    let since = record_began(connection, fleet);
     // Bounded: a few milliseconds at most, unless a test put the record in
     // Redis's future.
     for _ in 0..100 {
@@ -86,6 +83,22 @@ fn as_after_a_failover(connection: &mut redis::Connection, fleet: &str) -> u64 {
         .query(connection)
         .unwrap();
     since
+}
+
+/// When the fleet's record began (`{fleet}:since`).
+fn record_began(connection: &mut redis::Connection, fleet: &str) -> u64 {
+    redis::cmd("GET")
+        .arg(format!("{{{fleet}}}:since"))
+        .query(connection)
+        .unwrap()
+}
+
+/// Waits until the fleet's record is another than the one begun at `before`.
+async fn until_a_record_other_than(connection: &mut redis::Connection, fleet: &str, before: u64) {
+    wait_until("the record to begin anew", || {
+        record_began(connection, fleet) != before
+    })
+    .await;
 }
 
 /// The record `{fleet}:snapshot:needed` marks, if any.
@@ -794,14 +807,7 @@ async fn a_member_lapsed_across_a_loss_and_a_failover_recovers() {
     })
     .await;
     let since_after_the_loss = as_after_a_failover(&mut connection, "twice");
-    wait_until("a record after the failover", || {
-        redis::cmd("GET")
-            .arg("{twice}:since")
-            .query::<u64>(&mut connection)
-            .unwrap()
-            != since_after_the_loss
-    })
-    .await;
+    until_a_record_other_than(&mut connection, "twice", since_after_the_loss).await;
     proxy.resume();
     caught_up(&b).await;
     assert_ne!(
@@ -3186,21 +3192,11 @@ async fn a_write_while_the_members_wait_on_the_frontier_survives_a_second_restar
     let a = join(guard("a"), server.client(), "settling").await;
     let b = join(guard("b"), server.client(), "settling").await;
     let mut connection = server.client().get_connection().unwrap();
-    let before: u64 = redis::cmd("GET")
-        .arg("{settling}:since")
-        .query(&mut connection)
-        .unwrap();
+    let before = record_began(&mut connection, "settling");
     let () = redis::cmd("SAVE").query(&mut connection).unwrap();
     down_for_longer_than_a_lease(&mut server, &[&a, &b]).await;
     let mut connection = server.client().get_connection().unwrap();
-    wait_until("the record to begin anew", || {
-        redis::cmd("GET")
-            .arg("{settling}:since")
-            .query::<u64>(&mut connection)
-            .unwrap()
-            != before
-    })
-    .await;
+    until_a_record_other_than(&mut connection, "settling", before).await;
     let began = tokio::time::Instant::now();
     // The second restart's dump: the record, and the stream before the write.
     let () = redis::cmd("SAVE").query(&mut connection).unwrap();
@@ -3305,23 +3301,13 @@ async fn a_joiner_fenced_by_a_second_restart_does_not_vouch_past_a_hole() {
 async fn a_second_restart_from_before_the_reports_leaves_the_holder_able_to_vouch() {
     let (mut server, proxy, a, after_dump) = restarted_without_what_a_holds("reports").await;
     let mut connection = server.client().get_connection().unwrap();
-    let before: u64 = redis::cmd("GET")
-        .arg("{reports}:since")
-        .query(&mut connection)
-        .unwrap();
+    let before = record_began(&mut connection, "reports");
     // A joiner begins the record; the restart below may cut its join short.
     let joining = FleetSync::builder(guard("j"), server.client(), "reports")
         .lease(LEASE)
         .build();
     let joiner = tokio::spawn(async move { joining.join().await });
-    wait_until("the record to begin anew", || {
-        redis::cmd("GET")
-            .arg("{reports}:since")
-            .query::<u64>(&mut connection)
-            .unwrap()
-            != before
-    })
-    .await;
+    until_a_record_other_than(&mut connection, "reports", before).await;
     let () = redis::cmd("SAVE").query(&mut connection).unwrap();
     // Fenced when it learns of the record: made fresh in it.
     wait_until("`a` to fence itself", || a.guard().is_fenced()).await;

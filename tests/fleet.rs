@@ -191,12 +191,17 @@ fn none_answers_absent(members: &[&Member], keys: &[String]) {
 /// Appends `key` to the fleet's stream as a member's write does, without
 /// waiting for the members to apply it (a write through the fleet does).
 fn member_entry(fleet: &str, key: &str) -> redis::Cmd {
+    member_entry_at(fleet, key, "*")
+}
+
+/// [`member_entry`] at the id `id` (`*`: the next one).
+fn member_entry_at(fleet: &str, key: &str, id: impl redis::ToRedisArgs) -> redis::Cmd {
     let mut entry = (key.len() as u32).to_le_bytes().to_vec();
     entry.extend_from_slice(key.as_bytes());
     let mut append = redis::cmd("XADD");
     append
         .arg(format!("{{{fleet}}}:inserts"))
-        .arg("*")
+        .arg(id)
         .arg("k")
         .arg(entry)
         .arg("m")
@@ -3264,6 +3269,120 @@ async fn a_joiner_waits_for_a_late_report_of_what_a_restart_cut() {
     caught_up(&c).await;
     caught_up(&a).await;
     none_answers_absent(&[&a, &c], &after_dump);
+}
+
+/// As `restarted_without_what_a_holds`, but `a` lapses before the restart,
+/// so that nothing it sent caught up marks the record: only its report of
+/// what it held (returned too) can.
+async fn lapsed_then_restarted_without_what_a_holds(
+    fleet: &str,
+) -> (
+    RedisServer,
+    Arc<TcpProxy>,
+    Member,
+    Vec<String>,
+    StreamPosition,
+) {
+    let mut server = RedisServer::start();
+    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let a = join(guard("a"), proxy.client(), fleet).await;
+    let () = redis::cmd("SAVE")
+        .query(&mut server.client().get_connection().unwrap())
+        .unwrap();
+    let after_dump = write_keys(&a, "after-dump").await;
+    let held_by_a = a.fleet.position();
+    proxy.stall();
+    wait_until("`a` to fence itself", || a.guard().is_fenced()).await;
+    server.restart_from_dump();
+    (server, proxy, a, after_dump, held_by_a)
+}
+
+/// Resumes `a`'s connection, and asserts until the members' wait on the
+/// frontier is well over (`began`: when the record began, about) that no
+/// member answers `Absent` for `after_dump`, and that the record is marked.
+async fn resume_and_expect_the_cut_reported(
+    server: &RedisServer,
+    proxy: &TcpProxy,
+    members: &[&Member],
+    after_dump: &[String],
+    began: tokio::time::Instant,
+    fleet: &str,
+) {
+    proxy.resume();
+    // The wait is two leases and half a second.
+    let settled = began + LEASE * 5 + Duration::from_millis(500);
+    while tokio::time::Instant::now() < settled {
+        none_answers_absent(members, after_dump);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut connection = server.client().get_connection().unwrap();
+    assert!(exists(
+        &mut connection,
+        &format!("{{{fleet}}}:snapshot:needed")
+    ));
+    none_answers_absent(members, after_dump);
+}
+
+/// A restart from an older dump cut what `a` alone holds, `a` having lapsed
+/// before it, and writers append more than the stream keeps before `a`
+/// reports: trimming took the evidence of the cut with it (`a`'s newest
+/// entry, gone from the stream but no longer past the trim mark), nobody
+/// marked the record, and `w`, joining after the restart, replayed the cut
+/// stream and answered `Absent` for `a`'s keys once the wait on the
+/// frontier ended (seen on a3f6512). A record begun over a kept stream now
+/// keeps the stream's newest entry when it began: what a member held past
+/// it, the restart cut. Nobody then holds every key (`a` lacks the entries
+/// trimmed before it read them), so both stay fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_report_of_what_a_restart_cut_stands_after_the_stream_trims_past_it() {
+    let (server, proxy, a, after_dump, held_by_a) =
+        lapsed_then_restarted_without_what_a_holds("trimmed").await;
+    let began = tokio::time::Instant::now();
+    let short = |builder: FleetSyncBuilder| builder.stream_max_len(10);
+    let w = join_with(guard("w"), server.client(), "trimmed", short).await;
+    // Each appended at once and trimming the stream, and applied by `w`
+    // before the next; none is acknowledged while `w` waits on the frontier.
+    for n in 0..30 {
+        let applied = w.fleet.position();
+        let fleet = w.fleet.clone();
+        tokio::spawn(async move {
+            let _ = fleet
+                .insert_then_write(format!("after-restart:{n}"), async {})
+                .await;
+        });
+        wait_until("`w` to apply its write", || w.fleet.position() > applied).await;
+    }
+    let trimmed: StreamPosition = redis::cmd("GET")
+        .arg("{trimmed}:inserts:trimmed")
+        .query(&mut server.client().get_connection().unwrap())
+        .unwrap();
+    assert!(
+        trimmed > held_by_a,
+        "trimmed to {trimmed}, `a` at {held_by_a}"
+    );
+    resume_and_expect_the_cut_reported(&server, &proxy, &[&a, &w], &after_dump, began, "trimmed")
+        .await;
+}
+
+/// As above, but a new entry takes the id of `a`'s newest, as where the
+/// restarted Redis's clock is behind the old one's (`XADD *` gives the
+/// newest entry's millisecond then): the stream held an entry at `a`'s
+/// report, which passed for what `a` held, and `w` answered `Absent` for
+/// `a`'s keys (seen on a3f6512).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_entry_whose_id_a_new_one_took_is_still_reported_cut() {
+    let (server, proxy, a, after_dump, held_by_a) =
+        lapsed_then_restarted_without_what_a_holds("same-id").await;
+    let began = tokio::time::Instant::now();
+    let w = join(guard("w"), server.client(), "same-id").await;
+    let mut connection = server.client().get_connection().unwrap();
+    let appended: StreamPosition = member_entry_at("same-id", "after-restart", held_by_a)
+        .query(&mut connection)
+        .unwrap();
+    assert_eq!(appended, held_by_a);
+    wait_until("`w` to apply the entry", || w.fleet.position() >= appended).await;
+    resume_and_expect_the_cut_reported(&server, &proxy, &[&a, &w], &after_dump, began, "same-id")
+        .await;
 }
 
 /// As above, but Redis restarts again, keeping the stream, before `a`

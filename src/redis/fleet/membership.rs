@@ -51,7 +51,7 @@ use crate::sync::unpoisoned;
 
 /// The Lua functions every script that reads the fleet's record begins
 /// with (`now_ms()` is Redis's clock in milliseconds).
-/// `record_since(since_key, record_key)` is when the record began,
+/// `record_since(since_key, record_key, stream_key)` is when the record began,
 /// begun anew (now) when `since_key` is missing (Redis lost its data), when
 /// Redis's run id is not the one the record began under (a restart, which
 /// may have loaded an older dump, or a failover to a replica that may lack
@@ -59,7 +59,7 @@ use crate::sync::unpoisoned;
 /// writers would wait out the record's first lease until it caught up).
 /// `record_key` (a hash) keeps that run id, and a field `r{since}` for each
 /// record since the last loss (restarts, failovers and clock steps keep the
-/// stream; a loss starts the list over), for
+/// stream, at `stream_key`; a loss starts the list over), for
 /// `record_kept(record_key, known)`: whether the stream holds everything
 /// since the record `known` (a member's) began. Records are told apart by
 /// name, not by order, and not by entry ids: clocks step and differ.
@@ -69,7 +69,7 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local function record_since(since_key, record_key)
+local function record_since(since_key, record_key, stream_key)
   local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
   -- Without a run id, a restart from an older dump would keep the record.
   if not run then
@@ -88,9 +88,13 @@ local function record_since(since_key, record_key)
     since = now
     redis.call('SET', since_key, since)
     redis.call('HSET', record_key, 'run', run, 'r' .. since, 1)
-    -- Begun over the stream Redis kept (`k{since}`), which may have lost
-    -- its end: members from before say what they held (the frontier).
-    if over_kept then redis.call('HSET', record_key, 'k' .. since, 1) end
+    -- Begun over the stream Redis kept (`k{since}`, its newest entry then),
+    -- which may have lost its end: members from before say what they held
+    -- (the frontier), and what they held past that entry is gone.
+    if over_kept then
+      local newest = redis.call('XREVRANGE', stream_key, '+', '-', 'COUNT', 1)
+      redis.call('HSET', record_key, 'k' .. since, newest[1] and newest[1][1] or '0-0')
+    end
   end
   return since
 end
@@ -196,7 +200,7 @@ static RECORD: LazyLock<Script> = LazyLock::new(|| {
             POSITION_BEFORE,
             RECORD_SINCE,
             r"
-local since = record_since(KEYS[1], KEYS[2])
+local since = record_since(KEYS[1], KEYS[2], KEYS[5])
 local marks = ARGV[1]
 if record_kept(KEYS[2], ARGV[1]) then marks = 0 end
 local needed, lacks = snapshot_needed(KEYS[3], KEYS[2], KEYS[4], marks, ARGV[3], ARGV[4], '0-0', since)
@@ -226,7 +230,8 @@ return {since, needed, aged, lacks}
 /// renewal what it holds now (`ARGV[12]`), at later ones what it held when
 /// the record began (`ARGV[11]`; `0-0`: nothing reported). The newest of
 /// these is the record's frontier (`f{since}` in `KEYS[6]`), and one the
-/// stream no longer holds (Redis cut its end) marks the record, whether or
+/// stream no longer holds (Redis cut its end: past `k{since}`, the newest
+/// entry kept, or gone and past the trim mark) marks the record, whether or
 /// not a member was caught up (`ARGV[13]`: what it held when it became
 /// fresh in its record over a kept stream, `0-0`: it did not, for
 /// `snapshot_needed`; `ARGV[14]`: how long members from before have to
@@ -255,7 +260,7 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| {
             POSITION_BEFORE,
             RECORD_SINCE,
             r"
-local since = record_since(KEYS[3], KEYS[6])
+local since = record_since(KEYS[3], KEYS[6], KEYS[4])
 local now = now_ms()
 local previous = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local continuous = 0
@@ -284,9 +289,13 @@ if kept == 1 and ARGV[6] ~= '1' then marks = 0 end
 local needed, lacks = snapshot_needed(KEYS[5], KEYS[6], KEYS[8], marks, ARGV[7], ARGV[8], ARGV[13], since)
 local trimmed = redis.call('GET', KEYS[7]) or '0-0'
 -- The record's frontier: the newest entry of the kept stream that a member
--- from before holds (with every one before it). Past the trim mark and gone
--- from the stream, it was cut (a restart from an older dump): the members
--- at it hold what the stream lost, acknowledged perhaps without the others.
+-- from before holds (with every one before it). Past the newest entry the
+-- stream kept when the record began, or past the trim mark and gone from
+-- the stream, it was cut (a restart from an older dump): the members at it
+-- hold what the stream lost, acknowledged perhaps without the others. (The
+-- trim mark moves on with appends, and new entries can take a cut one's id
+-- where Redis's clock is behind; the newest entry kept does not move, but
+-- says nothing of a member from before an earlier record.)
 local held = '0-0'
 if kept == 1 then
   if tonumber(ARGV[4]) ~= since then held = ARGV[12] else held = ARGV[11] end
@@ -305,8 +314,11 @@ if held ~= '0-0' then
   end
   -- Marked once: a member's later reports, the record aged, would undo
   -- an operator's deletion of the mark at every renewal.
-  if (tonumber(ARGV[4]) ~= since or aged == 0) and position_before(trimmed, held)
-    and #redis.call('XRANGE', KEYS[4], held, held) == 0 then
+  -- (`1`, not an entry, in a record begun by an earlier build of this crate.)
+  local kept_to = string.match(redis.call('HGET', KEYS[6], 'k' .. since) or '', '^%d+%-%d+$')
+  local cut = (kept_to and position_before(kept_to, held))
+    or (position_before(trimmed, held) and #redis.call('XRANGE', KEYS[4], held, held) == 0)
+  if (tonumber(ARGV[4]) ~= since or aged == 0) and cut then
     mark(KEYS[5], KEYS[6], since)
     needed = 1
   end
@@ -340,7 +352,7 @@ static ACKNOWLEDGED: LazyLock<Script> = LazyLock::new(|| {
             RECORD_SINCE,
             POSITION_BEFORE,
             r"
-local since = record_since(KEYS[3], KEYS[4])
+local since = record_since(KEYS[3], KEYS[4], KEYS[5])
 if since ~= tonumber(ARGV[3]) then
   return {0, 0, 0, 1}
 end
@@ -370,7 +382,7 @@ static GRACE: LazyLock<Script> = LazyLock::new(|| {
         &[
             RECORD_SINCE,
             r"
-local since = record_since(KEYS[1], KEYS[2])
+local since = record_since(KEYS[1], KEYS[2], KEYS[3])
 local now = now_ms()
 return {math.max(0, since + tonumber(ARGV[1]) - now), since}
 ",
@@ -587,6 +599,7 @@ impl FleetSync {
             .key(&keys.record)
             .key(&keys.snapshot_needed)
             .key(&keys.manifest)
+            .key(&keys.stream)
             .arg(known.unwrap_or(0))
             .arg(self.frontier_wait().as_millis() as u64)
             .arg(fresh_in.unwrap_or(0))
@@ -627,6 +640,7 @@ impl FleetSync {
         let (grace_ms, fleet_since): (u64, u64) = GRACE
             .key(&self.inner.keys.since)
             .key(&self.inner.keys.record)
+            .key(&self.inner.keys.stream)
             .arg(self.inner.settings.lease.as_millis() as u64)
             .invoke_async(&mut connection)
             .await?;
@@ -675,6 +689,7 @@ impl FleetSync {
                 .key(&keys.applied)
                 .key(&keys.since)
                 .key(&keys.record)
+                .key(&keys.stream)
                 .arg(entry)
                 .arg(self.inner.settings.lease.as_millis() as u64)
                 .arg(since)

@@ -141,7 +141,8 @@ fn refusal(error: redis::RedisError) -> FleetError {
 /// that lost its data since, the position is in a stream that is gone, and
 /// a member adopting it would skip the new stream's entries; past a trim,
 /// no member can use the snapshot, and it would replace one they can.
-/// The snapshot's chunks (`KEYS[6..]`), written to expire (a publish
+/// The snapshot's chunks (`KEYS[7..]`; `KEYS[6]` is the stream, for
+/// `record_since`), written to expire (a publish
 /// dropped before this script leaves them to no manifest), must all be
 /// there, and are kept from then on (none, where one is missing: the rest
 /// expire whether the publisher's clean-up reaches Redis or not). The
@@ -154,7 +155,7 @@ static SET_MANIFEST: LazyLock<Script> = LazyLock::new(|| {
             RECORD_SINCE,
             POSITION_BEFORE,
             r"
-if record_since(KEYS[2], KEYS[4]) ~= tonumber(ARGV[2]) then
+if record_since(KEYS[2], KEYS[4], KEYS[6]) ~= tonumber(ARGV[2]) then
   return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED the fleet record changed since the snapshot was taken')
 end
 if ARGV[3] == '1' and tonumber(redis.call('GET', KEYS[3])) == tonumber(ARGV[2]) then
@@ -164,12 +165,12 @@ local trimmed = redis.call('GET', KEYS[5])
 if trimmed and position_before(ARGV[4], trimmed) then
   return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED the stream was trimmed past the snapshot meanwhile')
 end
-for i = 6, #KEYS do
+for i = 7, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 0 then
     return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED a chunk of the snapshot expired before its manifest')
   end
 end
-for i = 6, #KEYS do redis.call('PERSIST', KEYS[i]) end
+for i = 7, #KEYS do redis.call('PERSIST', KEYS[i]) end
 local replaced = redis.call('SET', KEYS[1], ARGV[1], 'GET')
 if replaced and replaced ~= ARGV[1] then
   local fields = {}
@@ -196,7 +197,7 @@ static NEXT_VERSION: LazyLock<Script> = LazyLock::new(|| {
         &[
             RECORD_SINCE,
             r"
-if record_since(KEYS[1], KEYS[2]) ~= tonumber(ARGV[1]) then
+if record_since(KEYS[1], KEYS[2], KEYS[4]) ~= tonumber(ARGV[1]) then
   return redis.error_reply('BLOOMGUARD_MANIFEST_REFUSED the fleet record changed since the snapshot was taken')
 end
 return redis.call('INCR', KEYS[3])
@@ -224,7 +225,7 @@ static RETIRE: LazyLock<Script> = LazyLock::new(|| {
             RECORD_SINCE,
             POSITION_BEFORE,
             r"
-if record_since(KEYS[1], KEYS[2]) ~= tonumber(ARGV[1]) then return 0 end
+if record_since(KEYS[1], KEYS[2], KEYS[3]) ~= tonumber(ARGV[1]) then return 0 end
 for first = 6, #KEYS, 1000 do
   redis.call('DEL', unpack(KEYS, first, math.min(first + 999, #KEYS)))
 end
@@ -297,6 +298,7 @@ impl FleetSync {
             .key(&keys.since)
             .key(&keys.record)
             .key(&keys.snapshot_version)
+            .key(&keys.stream)
             .arg(since)
             .invoke_async(&mut connection)
             .await
@@ -325,7 +327,8 @@ impl FleetSync {
             .key(&keys.since)
             .key(&keys.snapshot_needed)
             .key(&keys.record)
-            .key(&keys.trimmed);
+            .key(&keys.trimmed)
+            .key(&keys.stream);
         for i in 0..count {
             set_manifest.key(keys.chunk(id, i));
         }

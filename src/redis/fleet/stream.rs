@@ -59,7 +59,7 @@ static APPEND: LazyLock<Script> = LazyLock::new(|| {
         &[
             RECORD_SINCE,
             r"
-local since = record_since(KEYS[3], KEYS[4])
+local since = record_since(KEYS[3], KEYS[4], KEYS[1])
 local id
 if ARGV[2] == '1' then
   id = redis.call('XADD', KEYS[1], '*', 'k', ARGV[4], 'm', ARGV[1], 'landed', '1')
@@ -161,7 +161,7 @@ static ANNOUNCE: LazyLock<Script> = LazyLock::new(|| {
         &[
             RECORD_SINCE,
             r"
-if record_since(KEYS[2], KEYS[3]) == tonumber(ARGV[3]) then
+if record_since(KEYS[2], KEYS[3], KEYS[4]) == tonumber(ARGV[3]) then
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 end
 redis.call('PUBLISH', ARGV[4], 'applied')
@@ -436,6 +436,7 @@ impl FleetSync {
                 .key(&keys.applied)
                 .key(&keys.since)
                 .key(&keys.record)
+                .key(&keys.stream)
                 .arg(&self.inner.member)
                 .arg(position)
                 .arg(fleet_since.unwrap_or(0))

@@ -446,7 +446,7 @@ impl Guard {
     }
 
     /// Merges a filter built elsewhere (a snapshot shipped by other means than
-    /// a [`FleetSync`](crate::redis::FleetSync), which replaces whole sets) into this guard:
+    /// a `FleetSync` (the `redis` feature), which replaces whole sets) into this guard:
     /// ORed into the newest live filter, or, while warming, installed as the
     /// first one. Either way no key already in the guard is lost. During a
     /// rebuild it is ORed into the new filter too; if that one has another

@@ -39,7 +39,7 @@
 //!
 //! So a backend call that never returns holds every later call of its key
 //! (until its first caller is cancelled): bound the loader's calls, as
-//! [`RedisLoader`](crate::redis::RedisLoader) and `PgLoader` do (1 s
+//! `RedisLoader` and `PgLoader` do (1 s
 //! unless told). The call runs in its first caller's future, and so does
 //! that bound: a `get` future kept but no longer polled (parked in a
 //! `select!` that took another branch) holds the key's later calls for as
@@ -348,10 +348,10 @@ where
     /// last as long as the lag). Over a replica, set the write settle above
     /// its lag, or keep the cache off.
     ///
-    /// In a fleet, another member's [`FleetWrite`](crate::redis::FleetWrite)
+    /// In a fleet, another member's `FleetWrite` (the `redis` feature)
     /// is open on that member only: here its key is stamped when its entry
     /// is applied, and again when the write, if slower than half the settle,
-    /// is announced as landed ([`FleetWrite::finish`](crate::redis::FleetWrite::finish)).
+    /// is announced as landed (`FleetWrite::finish`).
     /// A miss asked here past the settle, while such a write was in flight,
     /// is remembered, and answered from the cache from the write's landing
     /// until that announcement is applied here (for `ttl` if it never is).

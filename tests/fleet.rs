@@ -3273,19 +3273,21 @@ async fn a_joiner_waits_for_a_late_report_of_what_a_restart_cut() {
 
 /// As `restarted_without_what_a_holds`, but `a` lapses before the restart,
 /// so that nothing it sent caught up marks the record: only its report of
-/// what it held (returned too) can.
+/// what it held (returned too) can; and the dump's stream holds keys
+/// (`before`, returned first), so that its newest entry is no start.
 async fn lapsed_then_restarted_without_what_a_holds(
     fleet: &str,
 ) -> (
     RedisServer,
     Arc<TcpProxy>,
     Member,
-    Vec<String>,
+    [Vec<String>; 2],
     StreamPosition,
 ) {
     let mut server = RedisServer::start();
     let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
     let a = join(guard("a"), proxy.client(), fleet).await;
+    let before = write_keys_from_before(&a).await;
     let () = redis::cmd("SAVE")
         .query(&mut server.client().get_connection().unwrap())
         .unwrap();
@@ -3294,25 +3296,68 @@ async fn lapsed_then_restarted_without_what_a_holds(
     proxy.stall();
     wait_until("`a` to fence itself", || a.guard().is_fenced()).await;
     server.restart_from_dump();
-    (server, proxy, a, after_dump, held_by_a)
+    (server, proxy, a, [before, after_dump], held_by_a)
 }
 
-/// Resumes `a`'s connection, and asserts until the members' wait on the
-/// frontier is well over (`began`: when the record began, about) that no
-/// member answers `Absent` for `after_dump`, and that the record is marked.
+/// Appends `count` entries straight to the stream, waits until `member`
+/// has applied them, and trims the stream to the last as a member's append
+/// does past its cap (recording the newest entry it removed), so that the
+/// trim mark passes every entry before them.
+async fn append_and_trim_past(
+    connection: &mut redis::Connection,
+    fleet: &str,
+    member: &Member,
+    count: usize,
+) {
+    let mut pipe = redis::pipe();
+    for n in 0..count {
+        pipe.add_command(member_entry(fleet, &format!("filler:{n}")));
+    }
+    let appended: Vec<StreamPosition> = pipe.query(connection).unwrap();
+    let last = *appended.last().unwrap();
+    wait_until("the member to apply the entries", || {
+        member.fleet.position() >= last
+    })
+    .await;
+    let () = redis::pipe()
+        .cmd("SET")
+        .arg(format!("{{{fleet}}}:inserts:trimmed"))
+        .arg(appended[count - 2])
+        .ignore()
+        .cmd("XTRIM")
+        .arg(format!("{{{fleet}}}:inserts"))
+        .arg("MINID")
+        .arg(last)
+        .ignore()
+        .query(connection)
+        .unwrap();
+}
+
+/// Resumes `a`'s connection (within the record's first lease and a half,
+/// begun at `began`: it must report before the wait on the frontier, two
+/// leases and half a second, is over), and asserts until well after that
+/// wait that no member answers `Absent` for any of `keys`, and that the
+/// record is marked.
 async fn resume_and_expect_the_cut_reported(
     server: &RedisServer,
     proxy: &TcpProxy,
     members: &[&Member],
-    after_dump: &[String],
+    keys: &[Vec<String>; 2],
     began: tokio::time::Instant,
     fleet: &str,
 ) {
+    let resumed_at = tokio::time::Instant::now();
+    assert!(
+        resumed_at < began + LEASE * 3 / 2,
+        "resumed {:?} after the record began: too late for the test to mean anything",
+        resumed_at - began
+    );
     proxy.resume();
-    // The wait is two leases and half a second.
     let settled = began + LEASE * 5 + Duration::from_millis(500);
     while tokio::time::Instant::now() < settled {
-        none_answers_absent(members, after_dump);
+        for keys in keys {
+            none_answers_absent(members, keys);
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let mut connection = server.client().get_connection().unwrap();
@@ -3320,48 +3365,38 @@ async fn resume_and_expect_the_cut_reported(
         &mut connection,
         &format!("{{{fleet}}}:snapshot:needed")
     ));
-    none_answers_absent(members, after_dump);
+    for keys in keys {
+        none_answers_absent(members, keys);
+    }
 }
 
 /// A restart from an older dump cut what `a` alone holds, `a` having lapsed
-/// before it, and writers append more than the stream keeps before `a`
-/// reports: trimming took the evidence of the cut with it (`a`'s newest
-/// entry, gone from the stream but no longer past the trim mark), nobody
-/// marked the record, and `w`, joining after the restart, replayed the cut
-/// stream and answered `Absent` for `a`'s keys once the wait on the
-/// frontier ended (seen on a3f6512). A record begun over a kept stream now
-/// keeps the stream's newest entry when it began: what a member held past
-/// it, the restart cut. Nobody then holds every key (`a` lacks the entries
-/// trimmed before it read them), so both stay fenced.
+/// before it, and more entries than the stream keeps were appended before
+/// `a` reported: trimming took the evidence of the cut with it (`a`'s
+/// newest entry, gone from the stream but no longer past the trim mark),
+/// nobody marked the record, and `w`, joining after the restart, answered
+/// `Absent` for `a`'s keys once the wait on the frontier ended (seen on
+/// a3f6512). A record begun over a kept stream now keeps the stream's
+/// newest entry then: what a member held past it, the restart cut. Nobody
+/// then holds every key (`a` lacks the entries trimmed before it read
+/// them), so both stay fenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_report_of_what_a_restart_cut_stands_after_the_stream_trims_past_it() {
-    let (server, proxy, a, after_dump, held_by_a) =
+    let (server, proxy, a, keys, held_by_a) =
         lapsed_then_restarted_without_what_a_holds("trimmed").await;
     let began = tokio::time::Instant::now();
-    let short = |builder: FleetSyncBuilder| builder.stream_max_len(10);
-    let w = join_with(guard("w"), server.client(), "trimmed", short).await;
-    // Each appended at once and trimming the stream, and applied by `w`
-    // before the next; none is acknowledged while `w` waits on the frontier.
-    for n in 0..30 {
-        let applied = w.fleet.position();
-        let fleet = w.fleet.clone();
-        tokio::spawn(async move {
-            let _ = fleet
-                .insert_then_write(format!("after-restart:{n}"), async {})
-                .await;
-        });
-        wait_until("`w` to apply its write", || w.fleet.position() > applied).await;
-    }
+    let w = join(guard("w"), server.client(), "trimmed").await;
+    let mut connection = server.client().get_connection().unwrap();
+    append_and_trim_past(&mut connection, "trimmed", &w, 30).await;
     let trimmed: StreamPosition = redis::cmd("GET")
         .arg("{trimmed}:inserts:trimmed")
-        .query(&mut server.client().get_connection().unwrap())
+        .query(&mut connection)
         .unwrap();
     assert!(
         trimmed > held_by_a,
         "trimmed to {trimmed}, `a` at {held_by_a}"
     );
-    resume_and_expect_the_cut_reported(&server, &proxy, &[&a, &w], &after_dump, began, "trimmed")
-        .await;
+    resume_and_expect_the_cut_reported(&server, &proxy, &[&a, &w], &keys, began, "trimmed").await;
 }
 
 /// As above, but a new entry takes the id of `a`'s newest, as where the
@@ -3371,7 +3406,7 @@ async fn a_late_report_of_what_a_restart_cut_stands_after_the_stream_trims_past_
 /// `a`'s keys (seen on a3f6512).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_entry_whose_id_a_new_one_took_is_still_reported_cut() {
-    let (server, proxy, a, after_dump, held_by_a) =
+    let (server, proxy, a, keys, held_by_a) =
         lapsed_then_restarted_without_what_a_holds("same-id").await;
     let began = tokio::time::Instant::now();
     let w = join(guard("w"), server.client(), "same-id").await;
@@ -3381,8 +3416,68 @@ async fn a_cut_entry_whose_id_a_new_one_took_is_still_reported_cut() {
         .unwrap();
     assert_eq!(appended, held_by_a);
     wait_until("`w` to apply the entry", || w.fleet.position() >= appended).await;
-    resume_and_expect_the_cut_reported(&server, &proxy, &[&a, &w], &after_dump, began, "same-id")
-        .await;
+    resume_and_expect_the_cut_reported(&server, &proxy, &[&a, &w], &keys, began, "same-id").await;
+}
+
+/// As the trimmed case above, but Redis restarts a second time, from a dump
+/// that keeps what the first record appended, before `a` reports: `a`'s
+/// newest entry is older than the stream's newest when the second record
+/// began, and only the first record's says it was cut. Checked against
+/// the second alone, nobody marked it, and `w` answered `Absent` for `a`'s
+/// keys (seen on d4ac4ba). The records are walked back to `a`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_from_before_two_restarts_stands_after_the_stream_trims_past_it() {
+    let (mut server, proxy, a, keys, held_by_a) =
+        lapsed_then_restarted_without_what_a_holds("twice").await;
+    let w = join(guard("w"), server.client(), "twice").await;
+    let mut connection = server.client().get_connection().unwrap();
+    let first = record_began(&mut connection, "twice");
+    let appended: StreamPosition = member_entry("twice", "in-the-first-record")
+        .query(&mut connection)
+        .unwrap();
+    assert!(
+        appended > held_by_a,
+        "appended {appended}, `a` at {held_by_a}"
+    );
+    wait_until("`w` to apply the entry", || w.fleet.position() >= appended).await;
+    let () = redis::cmd("SAVE").query(&mut connection).unwrap();
+    server.restart_from_dump();
+    let mut connection = server.client().get_connection().unwrap();
+    until_a_record_other_than(&mut connection, "twice", first).await;
+    let began = tokio::time::Instant::now();
+    append_and_trim_past(&mut connection, "twice", &w, 30).await;
+    resume_and_expect_the_cut_reported(&server, &proxy, &[&a, &w], &keys, began, "twice").await;
+}
+
+/// The other side of the reports: Redis restarts from a dump that holds
+/// everything, `a` having lapsed before it; `a` reports the stream's newest
+/// entry, which the record kept, so nothing marks the record, and both
+/// members go on holding every key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_of_what_a_restart_kept_marks_nothing() {
+    let mut server = RedisServer::start();
+    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let a = join(guard("a"), proxy.client(), "whole").await;
+    let keys = write_keys_from_before(&a).await;
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("SAVE").query(&mut connection).unwrap();
+    proxy.stall();
+    wait_until("`a` to fence itself", || a.guard().is_fenced()).await;
+    server.restart_from_dump();
+    let w = join(guard("w"), server.client(), "whole").await;
+    proxy.resume();
+    caught_up(&w).await;
+    caught_up(&a).await;
+    let mut connection = server.client().get_connection().unwrap();
+    let record = record_began(&mut connection, "whole");
+    let frontier: Option<String> = redis::cmd("HGET")
+        .arg("{whole}:since:record")
+        .arg(format!("f{record}"))
+        .query(&mut connection)
+        .unwrap();
+    assert!(frontier.is_some(), "`a` reported nothing");
+    assert!(!exists(&mut connection, "{whole}:snapshot:needed"));
+    none_answers_absent(&[&a, &w], &keys);
 }
 
 /// As above, but Redis restarts again, keeping the stream, before `a`

@@ -59,7 +59,10 @@ use crate::sync::unpoisoned;
 /// writers would wait out the record's first lease until it caught up).
 /// `record_key` (a hash) keeps that run id, and a field `r{since}` for each
 /// record since the last loss (restarts, failovers and clock steps keep the
-/// stream, at `stream_key`; a loss starts the list over), for
+/// stream, at `stream_key`; a loss starts the list over), and for each
+/// record begun over a kept stream `k{since}`: the stream's newest entry
+/// then (a member's entry past it, the restart cut), and the record it
+/// began over; and for
 /// `record_kept(record_key, known)`: whether the stream holds everything
 /// since the record `known` (a member's) began. Records are told apart by
 /// name, not by order, and not by entry ids: clocks step and differ.
@@ -85,15 +88,18 @@ local function record_since(since_key, record_key, stream_key)
       -- Written before records were listed: taken as kept.
       redis.call('HSET', record_key, 'r' .. since, 1)
     end
+    local over = since
     since = now
     redis.call('SET', since_key, since)
     redis.call('HSET', record_key, 'run', run, 'r' .. since, 1)
-    -- Begun over the stream Redis kept (`k{since}`, its newest entry then),
-    -- which may have lost its end: members from before say what they held
-    -- (the frontier), and what they held past that entry is gone.
+    -- Begun over the stream Redis kept, which may have lost its end: members
+    -- from before say what they held (the frontier), and what they held
+    -- past its newest entry then is gone. `k{since}`: that entry, and the
+    -- record this one began over (see `cut_since`, in `RENEW`).
     if over_kept then
       local newest = redis.call('XREVRANGE', stream_key, '+', '-', 'COUNT', 1)
-      redis.call('HSET', record_key, 'k' .. since, newest[1] and newest[1][1] or '0-0')
+      local kept = newest[1] and newest[1][1] or '0-0'
+      redis.call('HSET', record_key, 'k' .. since, kept .. ' ' .. over)
     end
   end
   return since
@@ -186,7 +192,7 @@ end
 
 /// The record as a member that does not renew sees it (recovering):
 /// `{since, needed, aged, lacks}` (`KEYS`: since, the record hash, the
-/// mark, the snapshot's manifest; `ARGV[1]`: the record the member renewed
+/// mark, the snapshot's manifest, the stream; `ARGV[1]`: the record the member renewed
 /// in, which it marks as a renewal of a member that is not caught up does;
 /// `ARGV[2]`: the lease; `ARGV[3]`, `ARGV[4]`: the record it is fresh in,
 /// and whether it saw that one marked): whether the record is marked,
@@ -230,8 +236,9 @@ return {since, needed, aged, lacks}
 /// renewal what it holds now (`ARGV[12]`), at later ones what it held when
 /// the record began (`ARGV[11]`; `0-0`: nothing reported). The newest of
 /// these is the record's frontier (`f{since}` in `KEYS[6]`), and one the
-/// stream no longer holds (Redis cut its end: past `k{since}`, the newest
-/// entry kept, or gone and past the trim mark) marks the record, whether or
+/// stream no longer holds (Redis cut its end: past the newest entry kept
+/// when this record or one since the member's began, or gone and past the
+/// trim mark) marks the record, whether or
 /// not a member was caught up (`ARGV[13]`: what it held when it became
 /// fresh in its record over a kept stream, `0-0`: it did not, for
 /// `snapshot_needed`; `ARGV[14]`: how long members from before have to
@@ -260,6 +267,23 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| {
             POSITION_BEFORE,
             RECORD_SINCE,
             r"
+-- Whether the entry `held`, of the record `from` or of one before it, was
+-- cut by a restart since `from`: past the newest entry the stream kept when
+-- a later record began. Walks the records by name from `since` back to the
+-- one begun over `from`; where `from` is `since`, `held` is of the record
+-- before it, and `since` alone is looked at. `nil` where the list breaks
+-- off (a record begun by an earlier build of this crate, which kept `1`).
+local function cut_since(record_key, since, from, held)
+  local record = tostring(since)
+  for _ = 1, 64 do
+    local kept, over = string.match(redis.call('HGET', record_key, 'k' .. record) or '', '^(%d+%-%d+) (%d+)$')
+    if not kept then return nil end
+    if position_before(kept, held) then return true end
+    if record == tostring(from) or over == tostring(from) then return false end
+    record = over
+  end
+  return nil
+end
 local since = record_since(KEYS[3], KEYS[6], KEYS[4])
 local now = now_ms()
 local previous = redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -312,12 +336,10 @@ if held ~= '0-0' then
     newest = held
     redis.call('HSET', KEYS[6], 'f' .. since, held)
   end
+  local cut = cut_since(KEYS[6], since, tonumber(ARGV[4]), held)
+    or (position_before(trimmed, held) and #redis.call('XRANGE', KEYS[4], held, held) == 0)
   -- Marked once: a member's later reports, the record aged, would undo
   -- an operator's deletion of the mark at every renewal.
-  -- (`1`, not an entry, in a record begun by an earlier build of this crate.)
-  local kept_to = string.match(redis.call('HGET', KEYS[6], 'k' .. since) or '', '^%d+%-%d+$')
-  local cut = (kept_to and position_before(kept_to, held))
-    or (position_before(trimmed, held) and #redis.call('XRANGE', KEYS[4], held, held) == 0)
   if (tonumber(ARGV[4]) ~= since or aged == 0) and cut then
     mark(KEYS[5], KEYS[6], since)
     needed = 1

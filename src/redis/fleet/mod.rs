@@ -75,13 +75,14 @@
 //!   members that were caught up mark it. Over a kept stream,
 //!   every member from before also reports the newest entry its set held
 //!   (with every one before it) when the record began: the newest of these
-//!   is the record's **frontier**, and one past the newest entry the stream
-//!   had when the record began (a restart from an older dump cut it) marks
-//!   the record as well, however many entries are appended or trimmed
-//!   meanwhile. (A member away across two restarts reports an entry of an
-//!   earlier record, which marks it where the stream no longer holds it
-//!   and it lies past the trim mark: trimming, or a new entry taking its
-//!   id, can hide that cut.) Every
+//!   is the record's **frontier**, and one a restart from an older dump cut
+//!   (past the newest entry the stream had when a record began since the
+//!   member's) marks the record as well, however many entries are appended
+//!   or trimmed meanwhile, and across any number of restarts. (One case
+//!   still goes by whether the stream holds the entry, past the trim mark,
+//!   which trimming or a new entry taking its id can hide: a member that
+//!   reports again what it held when made fresh, after a second restart
+//!   from a dump saved before its first report.) Every
 //!   member that counts as starting afresh there (made fresh by the change,
 //!   or joining or recovering since) waits, fenced, until the record is two
 //!   leases and half a second old, by when every member from before that

@@ -541,18 +541,28 @@ impl FleetSync {
     }
 
     /// Moves to the stream's end and rebuilds the guard from its source.
-    /// `false` when the guard has no source or the rebuild failed.
+    /// `false` when the guard has no source, the rebuild failed, or Redis
+    /// began another record since this member last looked.
     async fn rebuild_from_the_stream_end(&self) -> bool {
         let last = async {
             let mut connection = self.inner.connection.get().await?;
             let read = self
                 .read_after(&mut connection, StreamPosition::START, 0)
                 .await?;
-            Ok::<_, FleetError>(read.last)
+            Ok::<_, FleetError>((read.last, read.since))
         };
-        let Ok(last) = last.await else { return false };
+        let Ok((last, since)) = last.await else {
+            return false;
+        };
         let (position_before, moved_to) = {
             let mut state = self.state();
+            if Some(since) != state.fleet_since {
+                // The end of another record's stream (a restart since this
+                // member last looked): no position here, and reported as
+                // held it would pass for an entry a restart cut. The next
+                // look at the record takes the new one in.
+                return false;
+            }
             let moved_to = last.max(state.position);
             (std::mem::replace(&mut state.position, moved_to), moved_to)
         };

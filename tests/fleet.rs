@@ -3271,6 +3271,15 @@ async fn a_joiner_waits_for_a_late_report_of_what_a_restart_cut() {
     none_answers_absent(&[&a, &c], &after_dump);
 }
 
+/// A lease for the scenarios that must fit in a record's first leases on a
+/// loaded machine: a joiner alone waits one out.
+const SLOW_LEASE: Duration = Duration::from_millis(1_500);
+
+/// [`join`] with [`SLOW_LEASE`].
+async fn join_slowly(guard: Guard, client: redis::Client, fleet: &str) -> Member {
+    join_with(guard, client, fleet, |builder| builder.lease(SLOW_LEASE)).await
+}
+
 /// As `restarted_without_what_a_holds`, but `a` lapses before the restart,
 /// so that nothing it sent caught up marks the record: only its report of
 /// what it held (returned too) can; and the dump's stream holds keys
@@ -3286,7 +3295,7 @@ async fn lapsed_then_restarted_without_what_a_holds(
 ) {
     let mut server = RedisServer::start();
     let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
-    let a = join(guard("a"), proxy.client(), fleet).await;
+    let a = join_slowly(guard("a"), proxy.client(), fleet).await;
     let before = write_keys_from_before(&a).await;
     let () = redis::cmd("SAVE")
         .query(&mut server.client().get_connection().unwrap())
@@ -3348,12 +3357,12 @@ async fn resume_and_expect_the_cut_reported(
 ) {
     let resumed_at = tokio::time::Instant::now();
     assert!(
-        resumed_at < began + LEASE * 3 / 2,
+        resumed_at < began + SLOW_LEASE * 3 / 2,
         "resumed {:?} after the record began: too late for the test to mean anything",
         resumed_at - began
     );
     proxy.resume();
-    let settled = began + LEASE * 5 + Duration::from_millis(500);
+    let settled = began + SLOW_LEASE * 5 + Duration::from_millis(500);
     while tokio::time::Instant::now() < settled {
         for keys in keys {
             none_answers_absent(members, keys);
@@ -3385,7 +3394,7 @@ async fn a_late_report_of_what_a_restart_cut_stands_after_the_stream_trims_past_
     let (server, proxy, a, keys, held_by_a) =
         lapsed_then_restarted_without_what_a_holds("trimmed").await;
     let began = tokio::time::Instant::now();
-    let w = join(guard("w"), server.client(), "trimmed").await;
+    let w = join_slowly(guard("w"), server.client(), "trimmed").await;
     let mut connection = server.client().get_connection().unwrap();
     append_and_trim_past(&mut connection, "trimmed", &w, 30).await;
     let trimmed: StreamPosition = redis::cmd("GET")
@@ -3409,7 +3418,7 @@ async fn a_cut_entry_whose_id_a_new_one_took_is_still_reported_cut() {
     let (server, proxy, a, keys, held_by_a) =
         lapsed_then_restarted_without_what_a_holds("same-id").await;
     let began = tokio::time::Instant::now();
-    let w = join(guard("w"), server.client(), "same-id").await;
+    let w = join_slowly(guard("w"), server.client(), "same-id").await;
     let mut connection = server.client().get_connection().unwrap();
     let appended: StreamPosition = member_entry_at("same-id", "after-restart", held_by_a)
         .query(&mut connection)
@@ -3429,7 +3438,7 @@ async fn a_cut_entry_whose_id_a_new_one_took_is_still_reported_cut() {
 async fn a_report_from_before_two_restarts_stands_after_the_stream_trims_past_it() {
     let (mut server, proxy, a, keys, held_by_a) =
         lapsed_then_restarted_without_what_a_holds("twice").await;
-    let w = join(guard("w"), server.client(), "twice").await;
+    let w = join_slowly(guard("w"), server.client(), "twice").await;
     let mut connection = server.client().get_connection().unwrap();
     let first = record_began(&mut connection, "twice");
     let appended: StreamPosition = member_entry("twice", "in-the-first-record")
@@ -3447,6 +3456,69 @@ async fn a_report_from_before_two_restarts_stands_after_the_stream_trims_past_it
     let began = tokio::time::Instant::now();
     append_and_trim_past(&mut connection, "twice", &w, 30).await;
     resume_and_expect_the_cut_reported(&server, &proxy, &[&a, &w], &keys, began, "twice").await;
+}
+
+/// A restart from an older dump cut what `a` alone holds while `a` was
+/// caught up, and `a` marked the record; Redis then went down for longer
+/// than a lease and restarted from a dump saved after that record began
+/// (and after an entry appended in it) but before `a`'s mark. `a`, fenced
+/// through the outage, reported the newest entry it held, which that dump
+/// kept, nobody marked the new record, and `j`, joining after it, answered
+/// `Absent` for `a`'s keys once the wait on the frontier ended (seen on
+/// cac9752). What a member held when its last record began is judged
+/// again, against that record's start, at its first renewal in the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_restart_cut_stays_marked_after_a_later_dump_lost_the_mark() {
+    // `SLOW_LEASE`: `a` stays caught up through a restart with its
+    // connection stalled.
+    let mut server = RedisServer::start();
+    let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
+    let a = join_slowly(guard("a"), proxy.client(), "lost-mark").await;
+    let before = write_keys_from_before(&a).await;
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("SAVE").query(&mut connection).unwrap();
+    let after_dump = write_keys(&a, "after-dump").await;
+    let first = record_began(&mut connection, "lost-mark");
+    proxy.stall();
+    server.restart_from_dump();
+    // A joiner begins the second record, marking nothing.
+    let client = server.client();
+    let joining = tokio::spawn(async move { join_slowly(guard("w"), client, "lost-mark").await });
+    let mut connection = server.client().get_connection().unwrap();
+    until_a_record_other_than(&mut connection, "lost-mark", first).await;
+    let appended: StreamPosition = member_entry("lost-mark", "in-the-second-record")
+        .query(&mut connection)
+        .unwrap();
+    let () = redis::cmd("SAVE").query(&mut connection).unwrap();
+    proxy.resume();
+    wait_until("`a` to mark the record", || {
+        exists(&mut connection, "{lost-mark}:snapshot:needed")
+    })
+    .await;
+    wait_until("`a` to apply the entry", || a.fleet.position() >= appended).await;
+    let w = joining.await.unwrap();
+    // Down for longer than a lease, then back from the dump without the mark.
+    server.kill();
+    wait_until("every member to fence itself", || {
+        a.guard().is_fenced() && w.guard().is_fenced()
+    })
+    .await;
+    tokio::time::sleep(SLOW_LEASE * 3 / 2).await;
+    server.restart_from_dump();
+    let began = tokio::time::Instant::now();
+    let j = join_slowly(guard("j"), server.client(), "lost-mark").await;
+    // The wait on the frontier is two leases and half a second.
+    let settled = began + SLOW_LEASE * 4;
+    while tokio::time::Instant::now() < settled {
+        none_answers_absent(&[&a, &w, &j], &after_dump);
+        none_answers_absent(&[&a, &w, &j], &before);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut connection = server.client().get_connection().unwrap();
+    assert!(exists(&mut connection, "{lost-mark}:snapshot:needed"));
+    caught_up(&a).await;
+    caught_up(&j).await;
+    none_answers_absent(&[&a, &w, &j], &after_dump);
 }
 
 /// The other side of the reports: Redis restarts from a dump that holds

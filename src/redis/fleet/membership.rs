@@ -237,8 +237,10 @@ return {since, needed, aged, lacks}
 /// the record began (`ARGV[11]`; `0-0`: nothing reported). The newest of
 /// these is the record's frontier (`f{since}` in `KEYS[6]`), and one the
 /// stream no longer holds (Redis cut its end: past the newest entry kept
-/// when this record or one since the member's began, or gone and past the
-/// trim mark) marks the record, whether or
+/// when a record began since the one the entry is of, or gone and past the
+/// trim mark) marks the record, as one the member held when its last record
+/// began does at its first renewal here (where a dump lost the mark it
+/// set), whether or
 /// not a member was caught up (`ARGV[13]`: what it held when it became
 /// fresh in its record over a kept stream, `0-0`: it did not, for
 /// `snapshot_needed`; `ARGV[14]`: how long members from before have to
@@ -267,19 +269,20 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| {
             POSITION_BEFORE,
             RECORD_SINCE,
             r"
--- Whether the entry `held`, of the record `from` or of one before it, was
--- cut by a restart since `from`: past the newest entry the stream kept when
--- a later record began. Walks the records by name from `since` back to the
--- one begun over `from`; where `from` is `since`, `held` is of the record
--- before it, and `since` alone is looked at. `nil` where the list breaks
--- off (a record begun by an earlier build of this crate, which kept `1`).
-local function cut_since(record_key, since, from, held)
-  local record = tostring(since)
+-- Whether a restart cut the entry `held`: it is past the newest entry the
+-- stream kept when a record began (`k{record}`) since the one `held` is of.
+-- That is `from` where `of_from`, a record before `from` otherwise, whose
+-- own start is then looked at too. The records are walked by name from
+-- `since` back. `nil` where the list breaks off (a record begun by an
+-- earlier build of this crate, which kept `1`).
+local function cut_since(record_key, since, from, held, of_from)
+  local record, from = tostring(since), tostring(from)
   for _ = 1, 64 do
+    if of_from and record == from then return false end
     local kept, over = string.match(redis.call('HGET', record_key, 'k' .. record) or '', '^(%d+%-%d+) (%d+)$')
     if not kept then return nil end
     if position_before(kept, held) then return true end
-    if record == tostring(from) or over == tostring(from) then return false end
+    if record == from then return false end
     record = over
   end
   return nil
@@ -318,11 +321,17 @@ local trimmed = redis.call('GET', KEYS[7]) or '0-0'
 -- the stream, it was cut (a restart from an older dump): the members at it
 -- hold what the stream lost, acknowledged perhaps without the others. (The
 -- trim mark moves on with appends, and new entries can take a cut one's id
--- where Redis's clock is behind; the newest entry kept does not move, but
--- says nothing of a member from before an earlier record.)
-local held = '0-0'
+-- where Redis's clock is behind; the newest entry kept does not move.)
+-- At a first renewal in the record, what it holds now, of its record
+-- `ARGV[4]` (or, made fresh there, what it held then: of the one before);
+-- at later ones, what it held when this record began.
+local held, of_from = '0-0', false
 if kept == 1 then
-  if tonumber(ARGV[4]) ~= since then held = ARGV[12] else held = ARGV[11] end
+  if tonumber(ARGV[4]) ~= since then
+    held, of_from = ARGV[12], ARGV[13] == '0-0'
+  else
+    held = ARGV[11]
+  end
 end
 local frontier, aged = 0, 0
 if now >= since + tonumber(ARGV[14]) then aged = 1 end
@@ -336,7 +345,7 @@ if held ~= '0-0' then
     newest = held
     redis.call('HSET', KEYS[6], 'f' .. since, held)
   end
-  local cut = cut_since(KEYS[6], since, tonumber(ARGV[4]), held)
+  local cut = cut_since(KEYS[6], since, ARGV[4], held, of_from)
     or (position_before(trimmed, held) and #redis.call('XRANGE', KEYS[4], held, held) == 0)
   -- Marked once: a member's later reports, the record aged, would undo
   -- an operator's deletion of the mark at every renewal.
@@ -346,6 +355,17 @@ if held ~= '0-0' then
   end
   frontier = 1
   if not position_before(held, newest) then frontier = 2 end
+end
+-- What a member that lived through its record's start caught up held then
+-- (`ARGV[11]`, of the record before), at its first renewal in a later one:
+-- where that start cut it, the mark it set may be gone with a dump saved
+-- before it, and what it reports now (newer entries) says nothing of it.
+-- Carried on as an unmet mark is (see `snapshot_needed`).
+if kept == 1 and tonumber(ARGV[4]) ~= since and ARGV[11] ~= '0-0'
+  and cut_since(KEYS[6], since, ARGV[4], ARGV[11], false)
+  and not met(KEYS[6], ARGV[4]) and not covers(KEYS[8], ARGV[4]) then
+  mark(KEYS[5], KEYS[6], since)
+  needed = 1
 end
 redis.call('HSET', KEYS[2], ARGV[1], applied)
 local last = '0-0'

@@ -77,12 +77,11 @@
 //!   (with every one before it) when the record began: the newest of these
 //!   is the record's **frontier**, and one a restart from an older dump cut
 //!   (past the newest entry the stream had when a record began since the
-//!   member's) marks the record as well, however many entries are appended
-//!   or trimmed meanwhile, and across any number of restarts. (One case
-//!   still goes by whether the stream holds the entry, past the trim mark,
-//!   which trimming or a new entry taking its id can hide: a member that
-//!   reports again what it held when made fresh, after a second restart
-//!   from a dump saved before its first report.) Every
+//!   one the entry is of) marks the record as well, however many entries
+//!   are appended or trimmed meanwhile, and across any number of restarts.
+//!   A member's first renewal in a record also judges again what it held
+//!   when its last record began: a mark set then may be gone with a dump
+//!   saved before it. Every
 //!   member that counts as starting afresh there (made fresh by the change,
 //!   or joining or recovering since) waits, fenced, until the record is two
 //!   leases and half a second old, by when every member from before that

@@ -78,10 +78,13 @@
 //!   is the record's **frontier**, and one a restart from an older dump cut
 //!   (past the newest entry the stream had when a record began since the
 //!   one the entry is of) marks the record as well, however many entries
-//!   are appended or trimmed meanwhile, and across any number of restarts.
-//!   A member's first renewal in a record also judges again what it held
-//!   when its last record began: a mark set then may be gone with a dump
-//!   saved before it. Every
+//!   are appended or trimmed meanwhile, and across restarts (up to 64
+//!   records back). A member's first renewal in a record also judges again
+//!   what it held when its last record began: a mark set then may be gone
+//!   with a dump saved before it. (Only a member that lived through that
+//!   record's start remembers the entry: where every member that holds the
+//!   keys it needed got them from a snapshot, or joined again, since, such a
+//!   lost mark stays lost.) Every
 //!   member that counts as starting afresh there (made fresh by the change,
 //!   or joining or recovering since) waits, fenced, until the record is two
 //!   leases and half a second old, by when every member from before that

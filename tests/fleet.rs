@@ -3465,38 +3465,59 @@ async fn a_report_from_before_two_restarts_stands_after_the_stream_trims_past_it
 /// through the outage, reported the newest entry it held, which that dump
 /// kept, nobody marked the new record, and `j`, joining after it, answered
 /// `Absent` for `a`'s keys once the wait on the frontier ended (seen on
-/// cac9752). What a member held when its last record began is judged
-/// again, against that record's start, at its first renewal in the next.
+/// cac9752). A member whose set holds what a marked record needed carries
+/// the mark into the next record while the need is unmet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_restart_cut_stays_marked_after_a_later_dump_lost_the_mark() {
+    a_mark_lost_with_a_dump("lost-mark", false).await;
+}
+
+/// As above, but `a` leaves and joins again before the outage (a rolling
+/// deploy), taking its keys from its own snapshot, as `w` did: no member
+/// remembered the entry the first restart cut, and `j` answered `Absent`
+/// for `a`'s keys (seen on 5ea27ec, which judged that entry again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_restart_cut_stays_marked_after_a_later_dump_lost_the_mark_and_a_rejoin() {
+    a_mark_lost_with_a_dump("lost-mark-rejoin", true).await;
+}
+
+async fn a_mark_lost_with_a_dump(fleet: &str, rejoin: bool) {
     // `SLOW_LEASE`: `a` stays caught up through a restart with its
     // connection stalled.
     let mut server = RedisServer::start();
     let proxy = TcpProxy::start(([127, 0, 0, 1], server.port).into()).await;
-    let a = join_slowly(guard("a"), proxy.client(), "lost-mark").await;
+    let mut a = join_slowly(guard("a"), proxy.client(), fleet).await;
     let before = write_keys_from_before(&a).await;
     let mut connection = server.client().get_connection().unwrap();
     let () = redis::cmd("SAVE").query(&mut connection).unwrap();
     let after_dump = write_keys(&a, "after-dump").await;
-    let first = record_began(&mut connection, "lost-mark");
+    let first = record_began(&mut connection, fleet);
     proxy.stall();
     server.restart_from_dump();
     // A joiner begins the second record, marking nothing.
-    let client = server.client();
-    let joining = tokio::spawn(async move { join_slowly(guard("w"), client, "lost-mark").await });
+    let (client, name) = (server.client(), fleet.to_owned());
+    let joining = tokio::spawn(async move { join_slowly(guard("w"), client, &name).await });
     let mut connection = server.client().get_connection().unwrap();
-    until_a_record_other_than(&mut connection, "lost-mark", first).await;
-    let appended: StreamPosition = member_entry("lost-mark", "in-the-second-record")
+    until_a_record_other_than(&mut connection, fleet, first).await;
+    let appended: StreamPosition = member_entry(fleet, "in-the-second-record")
         .query(&mut connection)
         .unwrap();
     let () = redis::cmd("SAVE").query(&mut connection).unwrap();
     proxy.resume();
     wait_until("`a` to mark the record", || {
-        exists(&mut connection, "{lost-mark}:snapshot:needed")
+        exists(&mut connection, &format!("{{{fleet}}}:snapshot:needed"))
     })
     .await;
     wait_until("`a` to apply the entry", || a.fleet.position() >= appended).await;
     let w = joining.await.unwrap();
+    caught_up(&w).await;
+    none_answers_absent(&[&w], &after_dump);
+    if rejoin {
+        let guard = a.guard().clone();
+        a.handle.shutdown().await;
+        a = join_slowly(guard, proxy.client(), fleet).await;
+        caught_up(&a).await;
+    }
     // Down for longer than a lease, then back from the dump without the mark.
     server.kill();
     wait_until("every member to fence itself", || {
@@ -3506,7 +3527,7 @@ async fn what_a_restart_cut_stays_marked_after_a_later_dump_lost_the_mark() {
     tokio::time::sleep(SLOW_LEASE * 3 / 2).await;
     server.restart_from_dump();
     let began = tokio::time::Instant::now();
-    let j = join_slowly(guard("j"), server.client(), "lost-mark").await;
+    let j = join_slowly(guard("j"), server.client(), fleet).await;
     // The wait on the frontier is two leases and half a second.
     let settled = began + SLOW_LEASE * 4;
     while tokio::time::Instant::now() < settled {
@@ -3515,7 +3536,10 @@ async fn what_a_restart_cut_stays_marked_after_a_later_dump_lost_the_mark() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let mut connection = server.client().get_connection().unwrap();
-    assert!(exists(&mut connection, "{lost-mark}:snapshot:needed"));
+    assert!(exists(
+        &mut connection,
+        &format!("{{{fleet}}}:snapshot:needed")
+    ));
     caught_up(&a).await;
     caught_up(&j).await;
     none_answers_absent(&[&a, &w, &j], &after_dump);

@@ -129,14 +129,17 @@ local function mark(needed_key, record_key, record)
   redis.call('HSET', record_key, 'n' .. record, 1, 'marks', 1)
 end
 -- With the mark deleted (which accepts that what it needed is lost), the
--- list goes too: a later mark must not revive the needs it accepted.
--- (A need met stays listed: a member lacking it loads the snapshot.)
+-- list goes too, and the needs it accepted are noted (`a{record}`): a later
+-- mark, or a member that held one, must not revive them. (A need met stays
+-- listed: a member lacking it loads the snapshot.)
 local function forget_marks(record_key)
   if redis.call('HEXISTS', record_key, 'marks') == 0 then return end
   for _, field in ipairs(redis.call('HKEYS', record_key)) do
+    local record = string.sub(field, 2)
     if string.sub(field, 1, 1) == 'n'
-      and redis.call('HEXISTS', record_key, 'm' .. string.sub(field, 2)) == 0 then
+      and redis.call('HEXISTS', record_key, 'm' .. record) == 0 then
       redis.call('HDEL', record_key, field)
+      redis.call('HSET', record_key, 'a' .. record, 1)
     end
   end
   redis.call('HDEL', record_key, 'marks')
@@ -238,13 +241,14 @@ return {since, needed, aged, lacks}
 /// these is the record's frontier (`f{since}` in `KEYS[6]`), and one the
 /// stream no longer holds (Redis cut its end: past the newest entry kept
 /// when a record began since the one the entry is of, or gone and past the
-/// trim mark) marks the record, as one the member held when its last record
-/// began does at its first renewal here (where a dump lost the mark it
-/// set), whether or
+/// trim mark) marks the record, whether or
 /// not a member was caught up (`ARGV[13]`: what it held when it became
 /// fresh in its record over a kept stream, `0-0`: it did not, for
 /// `snapshot_needed`; `ARGV[14]`: how long members from before have to
-/// report, [`FleetSync::frontier_wait`]). Returns
+/// report, [`FleetSync::frontier_wait`]). A member whose set holds what a
+/// marked record needed (`ARGV[15]`, that record; 0: none) carries the mark
+/// on at its first renewal here, where a dump saved before it lost it.
+/// Returns
 /// `{continuous, last, members, since, needed, kept, trimmed, covered, lacks, frontier, settled}`:
 /// whether the lease it held was still live in Redis, the stream's last
 /// entry id, how many members hold live leases now, when the fleet's record
@@ -356,14 +360,15 @@ if held ~= '0-0' then
   frontier = 1
   if not position_before(held, newest) then frontier = 2 end
 end
--- What a member that lived through its record's start caught up held then
--- (`ARGV[11]`, of the record before), at its first renewal in a later one:
--- where that start cut it, the mark it set may be gone with a dump saved
--- before it, and what it reports now (newer entries) says nothing of it.
--- Carried on as an unmet mark is (see `snapshot_needed`).
-if kept == 1 and tonumber(ARGV[4]) ~= since and ARGV[11] ~= '0-0'
-  and cut_since(KEYS[6], since, ARGV[4], ARGV[11], false)
-  and not met(KEYS[6], ARGV[4]) and not covers(KEYS[8], ARGV[4]) then
+-- A member whose set holds what a marked record needed (`ARGV[15]`; 0:
+-- none), at its first renewal in a later one: that mark may be gone with a
+-- dump saved before it. Carried on while unmet, as a need is (see
+-- `snapshot_needed`), unless an operator accepted its loss (`a{record}`).
+local held_need = tonumber(ARGV[15])
+if held_need ~= 0 and held_need ~= since and tonumber(ARGV[4]) ~= since
+  and record_kept(KEYS[6], held_need) and not met(KEYS[6], held_need)
+  and not covers(KEYS[8], held_need)
+  and redis.call('HEXISTS', KEYS[6], 'a' .. held_need) == 0 then
   mark(KEYS[5], KEYS[6], since)
   needed = 1
 end
@@ -528,6 +533,7 @@ impl FleetSync {
             held_before,
             holds,
             held_when_made_fresh,
+            held_need_of,
         } = lack;
         let sent_at = Instant::now();
         let mut connection = self.inner.connection.get().await?;
@@ -571,7 +577,8 @@ impl FleetSync {
                     .arg(held_before)
                     .arg(holds)
                     .arg(held_when_made_fresh)
-                    .arg(self.frontier_wait().as_millis() as u64),
+                    .arg(self.frontier_wait().as_millis() as u64)
+                    .arg(held_need_of.unwrap_or(0)),
             )
             .await;
         // A renewal that failed may have run in Redis and found the lease

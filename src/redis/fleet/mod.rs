@@ -79,12 +79,12 @@
 //!   (past the newest entry the stream had when a record began since the
 //!   one the entry is of) marks the record as well, however many entries
 //!   are appended or trimmed meanwhile, and across restarts (up to 64
-//!   records back). A member's first renewal in a record also judges again
-//!   what it held when its last record began: a mark set then may be gone
-//!   with a dump saved before it. (Only a member that lived through that
-//!   record's start remembers the entry: where every member that holds the
-//!   keys it needed got them from a snapshot, or joined again, since, such a
-//!   lost mark stays lost.) Every
+//!   records back). A member whose set holds what a marked record needed
+//!   (it saw the mark, having lived through the record's start caught up,
+//!   or taken a snapshot that holds it) carries the mark into the next
+//!   record at its first renewal there while the need is unmet: a dump
+//!   saved before the mark lost it. Deleting the mark accepts the need for
+//!   good. Every
 //!   member that counts as starting afresh there (made fresh by the change,
 //!   or joining or recovering since) waits, fenced, until the record is two
 //!   leases and half a second old, by when every member from before that
@@ -451,6 +451,11 @@ struct MemberState {
     /// Whether the last renewal found the keys from before a data loss
     /// wanted in a snapshot (`{name}:snapshot:needed`).
     snapshot_needed: bool,
+    /// The last record this member saw marked while its set held what
+    /// preceded it (`fresh_in` none): a dump saved before the mark loses
+    /// it, and this member's first renewal in a later record carries it on
+    /// while unmet.
+    held_need_of: Option<u64>,
     /// Whether a renewal has confirmed the record this member chose its
     /// position (and `fresh_in`) under: one that finds another at once
     /// says its set holds nothing certain of either.
@@ -498,6 +503,7 @@ impl MemberState {
             held_before: self.held_before.unwrap_or_default(),
             holds: self.holds_up_to(),
             held_when_made_fresh: self.held_when_made_fresh().unwrap_or_default(),
+            held_need_of: self.held_need_of.filter(|_| self.fresh_in.is_none()),
         }
     }
 
@@ -581,6 +587,8 @@ struct Lack {
     /// [`MemberState::held_when_made_fresh`] (`START`: none): at an earlier
     /// marked record's frontier, it lacks nothing that record needed.
     held_when_made_fresh: StreamPosition,
+    /// `MemberState::held_need_of`, while its set holds what preceded it.
+    held_need_of: Option<u64>,
 }
 
 /// The shortest lease and snapshot period: shorter ones would have members
@@ -1043,6 +1051,7 @@ impl FleetSync {
             state.fresh_until_renewed_after = None;
             // What it held before leaving is not what it joins with.
             state.held_before = None;
+            state.held_need_of = None;
             // Learnt again by the first renewal; a stale one from before
             // leaving would have this member mark records it lacks nothing of.
             state.snapshot_needed = false;
@@ -1306,6 +1315,9 @@ impl FleetSync {
                 state.fresh_until_renewed_after = None;
             }
             state.snapshot_needed = renewal.snapshot_needed;
+            if renewal.snapshot_needed && state.fresh_in.is_none() {
+                state.held_need_of = Some(renewal.fleet_since);
+            }
             let lacks_what_is_needed = renewal.lacks_what_preceded
                 || (renewal.snapshot_needed && state.fresh_in_its_record() && !waits);
             if lacks_what_is_needed {

@@ -173,6 +173,14 @@ async fn down_for_longer_than_a_lease(server: &mut RedisServer, members: &[&Memb
     server.restart_from_dump();
 }
 
+/// [`down_for_longer_than_a_lease`] for a member on [`SLOW_LEASE`].
+async fn down_for_longer_than_a_slow_lease(server: &mut RedisServer, member: &Member) {
+    server.kill();
+    wait_until("the member to fence itself", || member.guard().is_fenced()).await;
+    tokio::time::sleep(SLOW_LEASE * 3 / 2).await;
+    server.restart_from_dump();
+}
+
 /// Asserts that no member of `members` answers `Absent` for any of `keys`,
 /// which the fleet acknowledged.
 fn none_answers_absent(members: &[&Member], keys: &[String]) {
@@ -3543,6 +3551,65 @@ async fn a_mark_lost_with_a_dump(fleet: &str, rejoin: bool) {
     caught_up(&a).await;
     caught_up(&j).await;
     none_answers_absent(&[&a, &w, &j], &after_dump);
+}
+
+/// The other side of carrying a lost mark on: a need whose mark an
+/// operator deleted (accepting the loss) is not revived by a member whose
+/// set held it, at a later record that nobody lived through caught up
+/// (here with no snapshot covering the accepted record either, as where
+/// the manifest was replaced). Without the note the deletion leaves, `w`
+/// marked the new record (seen with the note's check taken out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_mark_is_not_carried_on_by_a_member_that_held_its_need() {
+    let mut server = RedisServer::start();
+    let a = join_slowly(guard("a"), server.client(), "accepted").await;
+    write_keys_from_before(&a).await;
+    let mut connection = server.client().get_connection().unwrap();
+    let () = redis::cmd("SAVE").query(&mut connection).unwrap();
+    let after_dump = write_keys(&a, "after-dump").await;
+    let first = record_began(&mut connection, "accepted");
+    // `a`, caught up through the restart, marks the record it begins, and
+    // `w`, joining then, takes the keys it needed from `a`'s snapshot.
+    server.restart_from_dump();
+    let mut connection = server.client().get_connection().unwrap();
+    until_a_record_other_than(&mut connection, "accepted", first).await;
+    let accepted = record_began(&mut connection, "accepted");
+    wait_until("`a` to mark the record", || {
+        marked_record(&mut connection, "accepted") == Some(accepted)
+    })
+    .await;
+    let w = join_slowly(guard("w"), server.client(), "accepted").await;
+    caught_up(&w).await;
+    none_answers_absent(&[&w], &after_dump);
+    // A renewal of `w`'s sees the mark with the keys in its set.
+    tokio::time::sleep(SLOW_LEASE).await;
+    a.handle.shutdown().await;
+    // The operator accepts the loss; no snapshot covers the record.
+    let () = redis::pipe()
+        .del("{accepted}:snapshot:needed")
+        .ignore()
+        .del("{accepted}:snapshot")
+        .ignore()
+        .query(&mut connection)
+        .unwrap();
+    wait_until("a renewal to forget the marks", || {
+        let listed: bool = redis::cmd("HEXISTS")
+            .arg("{accepted}:since:record")
+            .arg("marks")
+            .query(&mut connection)
+            .unwrap();
+        !listed
+    })
+    .await;
+    let () = redis::cmd("SAVE").query(&mut connection).unwrap();
+    down_for_longer_than_a_slow_lease(&mut server, &w).await;
+    let mut connection = server.client().get_connection().unwrap();
+    until_a_record_other_than(&mut connection, "accepted", accepted).await;
+    // `w` vouches once the wait on the frontier (two leases and half a
+    // second) is over.
+    caught_up(&w).await;
+    assert_eq!(marked_record(&mut connection, "accepted"), None);
+    none_answers_absent(&[&w], &after_dump);
 }
 
 /// The other side of the reports: Redis restarts from a dump that holds

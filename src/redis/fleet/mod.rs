@@ -79,12 +79,13 @@
 //!   (past the newest entry the stream had when a record began since the
 //!   one the entry is of) marks the record as well, however many entries
 //!   are appended or trimmed meanwhile, and across restarts (up to 64
-//!   records back). A member whose set holds what a marked record needed
-//!   (it saw the mark, having lived through the record's start caught up,
-//!   or taken a snapshot that holds it) carries the mark into the next
-//!   record at its first renewal there while the need is unmet: a dump
-//!   saved before the mark lost it. Deleting the mark accepts the need for
-//!   good. Every
+//!   records back). A member whose last renewal found its record marked,
+//!   while its set held what preceded it (it lived through the record's
+//!   start caught up, or took a snapshot that holds it), carries the mark
+//!   into the next record at its first renewal there while the need is
+//!   unmet: a dump saved before the mark lost it. (A member that took such
+//!   a snapshot and meets a restart before it renews again carries
+//!   nothing.) Deleting the mark accepts the need. Every
 //!   member that counts as starting afresh there (made fresh by the change,
 //!   or joining or recovering since) waits, fenced, until the record is two
 //!   leases and half a second old, by when every member from before that
@@ -451,10 +452,11 @@ struct MemberState {
     /// Whether the last renewal found the keys from before a data loss
     /// wanted in a snapshot (`{name}:snapshot:needed`).
     snapshot_needed: bool,
-    /// The last record this member saw marked while its set held what
-    /// preceded it (`fresh_in` none): a dump saved before the mark loses
-    /// it, and this member's first renewal in a later record carries it on
-    /// while unmet.
+    /// This member's record, as of its last renewal, where that said it is
+    /// marked and this member's set holds what preceded it (not fresh in
+    /// it, lacking nothing an earlier one needed): a dump saved before the
+    /// mark loses it, and this member's first renewal in a later record
+    /// carries it on while unmet.
     held_need_of: Option<u64>,
     /// Whether a renewal has confirmed the record this member chose its
     /// position (and `fresh_in`) under: one that finds another at once
@@ -503,7 +505,7 @@ impl MemberState {
             held_before: self.held_before.unwrap_or_default(),
             holds: self.holds_up_to(),
             held_when_made_fresh: self.held_when_made_fresh().unwrap_or_default(),
-            held_need_of: self.held_need_of.filter(|_| self.fresh_in.is_none()),
+            held_need_of: self.held_need_of.filter(|_| !self.fresh_in_its_record()),
         }
     }
 
@@ -1315,9 +1317,10 @@ impl FleetSync {
                 state.fresh_until_renewed_after = None;
             }
             state.snapshot_needed = renewal.snapshot_needed;
-            if renewal.snapshot_needed && state.fresh_in.is_none() {
-                state.held_need_of = Some(renewal.fleet_since);
-            }
+            state.held_need_of = (renewal.snapshot_needed
+                && !state.fresh_in_its_record()
+                && !renewal.lacks_what_preceded)
+                .then_some(renewal.fleet_since);
             let lacks_what_is_needed = renewal.lacks_what_preceded
                 || (renewal.snapshot_needed && state.fresh_in_its_record() && !waits);
             if lacks_what_is_needed {

@@ -81,11 +81,13 @@
 //!   are appended or trimmed meanwhile, and across restarts (up to 64
 //!   records back). A member whose last renewal found its record marked,
 //!   while its set held what preceded it (it lived through the record's
-//!   start caught up, or took a snapshot that holds it), carries the mark
-//!   into the next record at its first renewal there while the need is
-//!   unmet: a dump saved before the mark lost it. (A member that took such
-//!   a snapshot and meets a restart before it renews again carries
-//!   nothing.) Deleting the mark accepts the need. Every
+//!   start caught up, vouched at its frontier, or took a snapshot or a
+//!   rebuild that holds it), carries the mark into the next record at its
+//!   first renewal there while the need is neither met, covered by the
+//!   snapshot in Redis, nor accepted: a dump saved before the mark lost it.
+//!   (A member that joins by taking such a snapshot and meets a restart
+//!   before it renews carries nothing.) Deleting the mark accepts the
+//!   need. Every
 //!   member that counts as starting afresh there (made fresh by the change,
 //!   or joining or recovering since) waits, fenced, until the record is two
 //!   leases and half a second old, by when every member from before that

@@ -162,23 +162,35 @@ async fn write_keys(member: &Member, prefix: &str) -> Vec<String> {
 }
 
 /// Kills Redis, waits until every one of `members` has fenced itself and
-/// for longer than a lease after, and restarts Redis from its last dump.
-async fn down_for_longer_than_a_lease(server: &mut RedisServer, members: &[&Member]) {
+/// `outage` after, and restarts Redis from its last dump.
+async fn down_for(server: &mut RedisServer, members: &[&Member], outage: Duration) {
     server.kill();
     wait_until("every member to fence itself", || {
         members.iter().all(|member| member.guard().is_fenced())
     })
     .await;
-    tokio::time::sleep(LEASE * 5).await;
+    tokio::time::sleep(outage).await;
     server.restart_from_dump();
 }
 
-/// [`down_for_longer_than_a_lease`] for a member on [`SLOW_LEASE`].
-async fn down_for_longer_than_a_slow_lease(server: &mut RedisServer, member: &Member) {
-    server.kill();
-    wait_until("the member to fence itself", || member.guard().is_fenced()).await;
-    tokio::time::sleep(SLOW_LEASE * 3 / 2).await;
-    server.restart_from_dump();
+/// [`down_for`] longer than a lease ([`LEASE`]).
+async fn down_for_longer_than_a_lease(server: &mut RedisServer, members: &[&Member]) {
+    down_for(server, members, LEASE * 5).await;
+}
+
+/// Asserts, every few milliseconds until `until`, that no member of
+/// `members` answers `Absent` for any of `keys` (see [`none_answers_absent`]).
+async fn none_answers_absent_until(
+    until: tokio::time::Instant,
+    members: &[&Member],
+    keys: &[&[String]],
+) {
+    while tokio::time::Instant::now() < until {
+        for keys in keys {
+            none_answers_absent(members, keys);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// Asserts that no member of `members` answers `Absent` for any of `keys`,
@@ -3264,10 +3276,7 @@ async fn a_joiner_waits_for_a_late_report_of_what_a_restart_cut() {
     // The record began with `c`'s join, a lease before it returned.
     let began = tokio::time::Instant::now() - LEASE;
     let report_at = began + LEASE * 13 / 10;
-    while tokio::time::Instant::now() < report_at {
-        none_answers_absent(&[&c], &after_dump);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    none_answers_absent_until(report_at, &[&c], &[&after_dump]).await;
     proxy.resume();
     wait_until("`a` to report what the restart cut", || {
         exists(&mut connection, "{late}:snapshot:needed")
@@ -3371,12 +3380,8 @@ async fn resume_and_expect_the_cut_reported(
     );
     proxy.resume();
     let settled = began + SLOW_LEASE * 5 + Duration::from_millis(500);
-    while tokio::time::Instant::now() < settled {
-        for keys in keys {
-            none_answers_absent(members, keys);
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let keys = [keys[0].as_slice(), keys[1].as_slice()];
+    none_answers_absent_until(settled, members, &keys).await;
     let mut connection = server.client().get_connection().unwrap();
     assert!(exists(
         &mut connection,
@@ -3538,13 +3543,8 @@ async fn a_mark_lost_with_a_dump(fleet: &str, rejoin: bool) {
         None
     };
     // Down for longer than a lease, then back from the dump without the mark.
-    server.kill();
-    wait_until("every member to fence itself", || {
-        a.guard().is_fenced() && w.as_ref().is_none_or(|w| w.guard().is_fenced())
-    })
-    .await;
-    tokio::time::sleep(SLOW_LEASE * 3 / 2).await;
-    server.restart_from_dump();
+    let before_the_outage: Vec<&Member> = [Some(&a), w.as_ref()].into_iter().flatten().collect();
+    down_for(&mut server, &before_the_outage, SLOW_LEASE * 3 / 2).await;
     let began = tokio::time::Instant::now();
     let j = join_slowly(guard("j"), server.client(), fleet).await;
     let members: Vec<&Member> = [Some(&a), w.as_ref(), Some(&j)]
@@ -3553,11 +3553,7 @@ async fn a_mark_lost_with_a_dump(fleet: &str, rejoin: bool) {
         .collect();
     // The wait on the frontier is two leases and half a second.
     let settled = began + SLOW_LEASE * 4;
-    while tokio::time::Instant::now() < settled {
-        none_answers_absent(&members, &after_dump);
-        none_answers_absent(&members, &before);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    none_answers_absent_until(settled, &members, &[&after_dump, &before]).await;
     let mut connection = server.client().get_connection().unwrap();
     assert!(exists(
         &mut connection,
@@ -3612,7 +3608,7 @@ async fn a_deleted_mark_is_not_carried_on_by_a_member_that_held_its_need() {
         .ignore()
         .query(&mut connection)
         .unwrap();
-    down_for_longer_than_a_slow_lease(&mut server, &w).await;
+    down_for(&mut server, &[&w], SLOW_LEASE * 3 / 2).await;
     proxy.resume();
     let mut connection = server.client().get_connection().unwrap();
     until_a_record_other_than(&mut connection, "accepted", accepted).await;

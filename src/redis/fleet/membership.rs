@@ -72,6 +72,11 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- The stream's newest entry (`0-0`: none).
+local function newest_entry(stream_key)
+  local newest = redis.call('XREVRANGE', stream_key, '+', '-', 'COUNT', 1)
+  return newest[1] and newest[1][1] or '0-0'
+end
 local function record_since(since_key, record_key, stream_key)
   local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
   -- Without a run id, a restart from an older dump would keep the record.
@@ -97,9 +102,7 @@ local function record_since(since_key, record_key, stream_key)
     -- past its newest entry then is gone. `k{since}`: that entry, and the
     -- record this one began over (see `cut_since`, in `RENEW`).
     if over_kept then
-      local newest = redis.call('XREVRANGE', stream_key, '+', '-', 'COUNT', 1)
-      local kept = newest[1] and newest[1][1] or '0-0'
-      redis.call('HSET', record_key, 'k' .. since, kept .. ' ' .. over)
+      redis.call('HSET', record_key, 'k' .. since, newest_entry(stream_key) .. ' ' .. over)
     end
   end
   return since
@@ -373,12 +376,9 @@ if held_need ~= 0 and held_need ~= since and tonumber(ARGV[4]) ~= since
   needed = 1
 end
 redis.call('HSET', KEYS[2], ARGV[1], applied)
-local last = '0-0'
-local newest = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
-if newest[1] then last = newest[1][1] end
 local covered = 0
 if covers(KEYS[8], since) then covered = 1 end
-return {continuous, last, redis.call('ZCARD', KEYS[1]), since, needed, kept, trimmed, covered, lacks, frontier, settled}
+return {continuous, newest_entry(KEYS[4]), redis.call('ZCARD', KEYS[1]), since, needed, kept, trimmed, covered, lacks, frontier, settled}
 ",
         ]
         .concat(),
